@@ -1,0 +1,26 @@
+"""Per-engine knowledge: metric catalogues and command-line argument handling.
+
+Pure: names in, names out; argv in, argv out. No I/O and no network clients.
+"""
+
+from spectune.engines.catalogue import (
+    SGLANG,
+    TRTLLM,
+    VLLM_V0,
+    VLLM_V1,
+    Catalogue,
+    Dialect,
+    catalogue_for,
+    detect_dialect,
+)
+
+__all__ = [
+    "SGLANG",
+    "TRTLLM",
+    "VLLM_V0",
+    "VLLM_V1",
+    "Catalogue",
+    "Dialect",
+    "catalogue_for",
+    "detect_dialect",
+]

@@ -1,0 +1,47 @@
+"""Project errors, shared by every layer.
+
+Domain code raises these; only the bodies (the CLI, the operator's ``handlers.py``) map them
+to exit codes or to kopf's temporary/permanent errors. Every message says what is wrong and
+what to do about it, in one line.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "InputError",
+    "NoDataError",
+    "RolloutStuckError",
+    "SourceUnavailableError",
+    "SpecError",
+    "SpecTuneError",
+]
+
+
+class SpecTuneError(Exception):
+    """Base of every error spectune raises on purpose."""
+
+
+class SpecError(SpecTuneError):
+    """A permanent error in what the user asked for: a bad flag, field or spec value.
+
+    Retrying does not help; the user has to change the input.
+    """
+
+
+class InputError(SpecError):
+    """Input data (a metric page, a file) cannot be used as given."""
+
+
+class NoDataError(SpecTuneError):
+    """The source answered, but has no samples for what was asked (temporary).
+
+    An idle ``rate()`` is NaN: that means "no sample", never "acceptance 0".
+    """
+
+
+class SourceUnavailableError(SpecTuneError):
+    """The metric source could not be reached or answered garbage (temporary)."""
+
+
+class RolloutStuckError(SpecTuneError):
+    """A rollout will not become ready on its own (ProgressDeadlineExceeded, crash loop)."""
