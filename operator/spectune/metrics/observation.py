@@ -1,0 +1,470 @@
+"""A window of observations: what changed on a set of pods between two moments.
+
+The diagnosis and the tuning brain read only :class:`Observation`, never raw pages or
+PromQL results, so the page-pair path, the pod scraper, Prometheus and the simulator all
+meet here. Counters become window deltas with Prometheus' reset rule (a counter that went
+down restarted from zero, so its increase is its new value); histograms become per-bucket
+deltas; gauges are read at the end of the window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from spectune.engines import Catalogue, Dialect, catalogue_for
+from spectune.errors import InputError
+from spectune.metrics.exposition import Labels, Sample, Snapshot
+
+__all__ = [
+    "Histogram",
+    "Observation",
+    "SpecCounts",
+    "observation_from_pages",
+]
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A histogram's increase over a window: upper bounds (``+Inf`` last) and counts.
+
+    ``cumulative[i]`` is the number of observations ``<= bounds[i]``, as in the
+    exposition format.
+    """
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    sum: float
+    count: float
+
+    @property
+    def mean(self) -> float:
+        """Mean observation, NaN when the window saw none."""
+        return self.sum / self.count if self.count > 0 else math.nan
+
+    def quantile(self, q: float) -> float:
+        """Estimate the ``q`` quantile by linear interpolation within buckets.
+
+        This is Prometheus' ``histogram_quantile`` rule, so the figure matches what a
+        dashboard on the same data shows. NaN when the window saw no observation; the
+        highest finite bound when the quantile falls in the ``+Inf`` bucket.
+        """
+        total = self.cumulative[-1] if self.cumulative else 0.0
+        if total <= 0 or not 0.0 <= q <= 1.0:
+            return math.nan
+        rank = q * total
+        cum = np.asarray(self.cumulative, dtype=float)
+        i = int(np.searchsorted(cum, rank, side="left"))
+        i = min(i, len(cum) - 1)
+        upper = self.bounds[i]
+        if math.isinf(upper):
+            return self.bounds[i - 1] if i > 0 else math.nan
+        lower = self.bounds[i - 1] if i > 0 else 0.0
+        below = cum[i - 1] if i > 0 else 0.0
+        in_bucket = cum[i] - below
+        if in_bucket <= 0:
+            return upper
+        return lower + (upper - lower) * (rank - below) / in_bucket
+
+    def merged(self, other: Histogram) -> Histogram:
+        """The sum of two histograms with the same bounds (e.g. two pods)."""
+        if other.bounds != self.bounds:
+            raise InputError(
+                "cannot add histograms with different buckets; pods run different versions"
+            )
+        cum = tuple(a + b for a, b in zip(self.cumulative, other.cumulative, strict=True))
+        return Histogram(self.bounds, cum, self.sum + other.sum, self.count + other.count)
+
+
+@dataclass(frozen=True)
+class SpecCounts:
+    """Speculation counter increases over the window, summed over pods and engines.
+
+    Fields a dialect does not export are ``None``. ``accepted_per_pos[i]`` counts passes
+    whose draft tokens ``0..i`` were all accepted (vLLM's semantics), so
+    ``accepted_per_pos[i] / drafts`` is ``P(L >= i+1)``.
+    """
+
+    drafts: float | None
+    draft_tokens: float | None
+    accepted: float | None
+    accepted_per_pos: tuple[float, ...] | None
+    emitted: float | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything spectune reads from one set of pods over one window.
+
+    Gauges (``running``, ``waiting``, ``kv_usage``) are means over pods of the value at the
+    end of the window (or over the window, for Prometheus); ``running`` is therefore the
+    batch size of a typical pod. Capacities are the smallest over pods: the tightest pod
+    is the one that queues.
+    """
+
+    dialect: Dialect
+    window_s: float | None
+    pods: tuple[str, ...]
+    spec: SpecCounts | None
+    acceptance_rate_gauge: float | None = None
+    accept_length_gauge: float | None = None
+    efficiency_gauge: float | None = None
+    spec_steps_gauge: float | None = None
+    generation_tokens: float | None = None
+    prompt_tokens: float | None = None
+    preemptions: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    kv_capacity_tokens: int | None = None
+    tpot: Histogram | None = None
+    ttft: Histogram | None = None
+    queue: Histogram | None = None
+    e2e: Histogram | None = None
+    resets: tuple[str, ...] = ()
+    failed_pods: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def speculating(self) -> bool:
+        """Whether the pods run speculative decoding (their spec families exist)."""
+        return self.spec is not None or self.accept_length_gauge is not None
+
+    @property
+    def generation_tokens_per_s(self) -> float | None:
+        """Output tokens per second over the window, all pods together."""
+        if self.generation_tokens is None or not self.window_s:
+            return None
+        return self.generation_tokens / self.window_s
+
+
+def _delta(before: float | None, after: float) -> tuple[float, bool]:
+    """Increase of a counter; a decrease means the process restarted (Prometheus' rule)."""
+    if before is None:
+        return after, False
+    if after < before:
+        return after, True
+    return after - before, False
+
+
+def _by_labels(samples: Iterable[Sample]) -> dict[Labels, float]:
+    return {s.labels: s.value for s in samples}
+
+
+def _counter_delta(
+    before: Snapshot | None, after: Snapshot, name: str | None
+) -> tuple[dict[Labels, float], bool] | None:
+    """Per-series increase of a counter between two snapshots; None if absent after."""
+    if name is None or not after.has(name):
+        return None
+    prev = _by_labels(before.series(name)) if before is not None else {}
+    out: dict[Labels, float] = {}
+    reset = False
+    for labels, value in _by_labels(after.series(name)).items():
+        d, r = _delta(prev.get(labels), value)
+        out[labels] = d
+        reset |= r
+    return out, reset
+
+
+def _drop(labels: Labels, *keys: str) -> Labels:
+    return tuple((k, v) for k, v in labels if k not in keys)
+
+
+def _histogram_delta(
+    before: Snapshot | None, after: Snapshot, name: str | None
+) -> tuple[Histogram, bool] | None:
+    """Window increase of a histogram, all series on the pod summed (e.g. DP engines)."""
+    if name is None or not after.has(name + "_bucket"):
+        return None
+    reset = False
+    # Group the bucket samples by their series (labels without ``le``).
+    after_b: dict[Labels, dict[float, float]] = {}
+    for s in after.series(name + "_bucket"):
+        le = s.label("le")
+        if le is None:
+            continue
+        after_b.setdefault(_drop(s.labels, "le"), {})[float(le)] = s.value
+    before_b: dict[Labels, dict[float, float]] = {}
+    if before is not None:
+        for s in before.series(name + "_bucket"):
+            le = s.label("le")
+            if le is not None:
+                before_b.setdefault(_drop(s.labels, "le"), {})[float(le)] = s.value
+    sums_a, counts_a = (
+        _by_labels(after.series(name + "_sum")),
+        _by_labels(after.series(name + "_count")),
+    )
+    sums_b = _by_labels(before.series(name + "_sum")) if before else {}
+    counts_b = _by_labels(before.series(name + "_count")) if before else {}
+    total: Histogram | None = None
+    for series, buckets in after_b.items():
+        bounds = tuple(sorted(buckets))
+        prev = before_b.get(series, {})
+        # A histogram restarts as a whole: if its count went down, take every value as is.
+        count_after = counts_a.get(series, buckets[bounds[-1]])
+        count_before = counts_b.get(series)
+        restarted = count_before is not None and count_after < count_before
+        reset |= restarted
+        if restarted or not prev:
+            cum = tuple(buckets[b] for b in bounds)
+            s_sum, s_count = sums_a.get(series, 0.0), count_after
+        else:
+            cum = tuple(max(0.0, buckets[b] - prev.get(b, 0.0)) for b in bounds)
+            s_sum = sums_a.get(series, 0.0) - sums_b.get(series, 0.0)
+            s_count = count_after - (count_before or 0.0)
+        h = Histogram(bounds, cum, s_sum, s_count)
+        total = h if total is None else total.merged(h)
+    if total is None:
+        return None
+    return total, reset
+
+
+def _sum(values: Mapping[Labels, float]) -> float:
+    return math.fsum(values.values())
+
+
+def _per_position(values: Mapping[Labels, float], label: str) -> tuple[float, ...]:
+    by_pos: dict[int, float] = {}
+    for labels, v in values.items():
+        pos = dict(labels).get(label)
+        if pos is None:
+            continue
+        try:
+            i = int(pos)
+        except ValueError:
+            raise InputError(f"position label {label}={pos!r} is not an integer") from None
+        by_pos[i] = by_pos.get(i, 0.0) + v
+    if not by_pos:
+        return ()
+    k = max(by_pos) + 1
+    return tuple(by_pos.get(i, 0.0) for i in range(k))
+
+
+def _gauge_mean(snap: Snapshot, name: str | None) -> float | None:
+    found = snap.series(name)
+    vals = [s.value for s in found if not math.isnan(s.value)]
+    if not vals:
+        return None
+    return math.fsum(vals) / len(vals)
+
+
+def _cache_info(snap: Snapshot, cat: Catalogue) -> tuple[int | None, int | None, int | None]:
+    """(num_gpu_blocks, block_size, kv_cache_size_tokens) from cache_config_info labels."""
+    blocks = size = tokens = None
+    for s in snap.series(cat.cache_config_info):
+        lab = dict(s.labels)
+        blocks = _int_label(lab, "num_gpu_blocks", blocks)
+        size = _int_label(lab, "block_size", size)
+        tokens = _int_label(lab, "kv_cache_size_tokens", tokens)
+    if tokens is None and cat.kv_capacity_tokens_gauge is not None:
+        g = snap.total(cat.kv_capacity_tokens_gauge)
+        tokens = int(g) if g is not None and not math.isnan(g) else None
+    return blocks, size, tokens
+
+
+def _int_label(labels: Mapping[str, str], key: str, current: int | None) -> int | None:
+    raw = labels.get(key)
+    if raw is None or raw in ("None", ""):
+        return current
+    try:
+        value = int(float(raw))
+    except ValueError:
+        return current
+    return value if current is None else min(current, value)
+
+
+@dataclass
+class _PodWindow:
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted: float | None = None
+    spec_emitted: float | None = None
+    per_pos: dict[int, float] = field(default_factory=dict)
+    reset: bool = False
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    if b is None:
+        return a
+    return b if a is None else a + b
+
+
+def _min_int(a: int | None, b: int | None) -> int | None:
+    if b is None:
+        return a
+    return b if a is None else min(a, b)
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return math.fsum(vals) / len(vals) if vals else None
+
+
+def observation_from_pages(
+    before: Sequence[Snapshot],
+    after: Sequence[Snapshot],
+    window_s: float | None = None,
+    failed_pods: Mapping[str, str] | None = None,
+) -> Observation:
+    """Build an :class:`Observation` from pages taken at the start and end of a window.
+
+    Pages are matched by pod name; a pod seen only at the end counts from zero (it
+    started inside the window). Every pod must speak the same dialect.
+
+    Raises :class:`~spectune.errors.InputError` when there are no end pages, when pods
+    speak different dialects, or when a pod's start page has no end page.
+    """
+    if not after:
+        raise InputError("no metric pages to read at the end of the window")
+    dialects = {s.dialect for s in after} | {s.dialect for s in before}
+    if len(dialects) > 1:
+        names = ", ".join(sorted(d.value for d in dialects))
+        raise InputError(f"the pages come from different engines ({names}); diagnose one at a time")
+    dialect = after[0].dialect
+    cat = catalogue_for(dialect)
+    start = {s.pod: s for s in before}
+    ends = {s.pod: s for s in after}
+    missing = sorted(set(start) - set(ends))
+    if missing:
+        raise InputError(
+            f"pod(s) {', '.join(missing)} have a start page but no end page; give both pages "
+            "of each pod in the same order"
+        )
+
+    spec: SpecCounts | None = None
+    drafts = draft_tokens = accepted = emitted = None
+    per_pos: list[float] = []
+    gen = prompt = preempt = None
+    running: list[float | None] = []
+    waiting: list[float | None] = []
+    kv: list[float | None] = []
+    rate_g: list[float | None] = []
+    len_g: list[float | None] = []
+    eff_g: list[float | None] = []
+    steps_g: list[float | None] = []
+    blocks = size = tokens = None
+    hists: dict[str, Histogram | None] = {"tpot": None, "ttft": None, "queue": None, "e2e": None}
+    resets: list[str] = []
+    has_spec_counter = False
+
+    for pod, end in ends.items():
+        beg = start.get(pod)
+        reset = False
+
+        def counter(
+            name: str | None, end: Snapshot = end, beg: Snapshot | None = beg
+        ) -> float | None:
+            nonlocal reset
+            d = _counter_delta(beg, end, name)
+            if d is None:
+                return None
+            values, r = d
+            reset |= r
+            return _sum(values)
+
+        d_drafts = counter(cat.drafts)
+        d_draft_tokens = counter(cat.draft_tokens)
+        d_accepted = counter(cat.accepted_tokens)
+        d_emitted = counter(cat.emitted_tokens)
+        if any(v is not None for v in (d_drafts, d_draft_tokens, d_accepted)):
+            has_spec_counter = True
+        drafts = _add(drafts, d_drafts)
+        draft_tokens = _add(draft_tokens, d_draft_tokens)
+        accepted = _add(accepted, d_accepted)
+        emitted = _add(emitted, d_emitted)
+        pp = _counter_delta(beg, end, cat.accepted_per_pos)
+        if pp is not None and cat.position_label is not None:
+            values, r = pp
+            reset |= r
+            pos = _per_position(values, cat.position_label)
+            if len(pos) > len(per_pos):
+                per_pos.extend([0.0] * (len(pos) - len(per_pos)))
+            for i, v in enumerate(pos):
+                per_pos[i] += v
+        if cat.drafts is None and cat.drafted_per_pos is not None:
+            # TensorRT-LLM counts drafted tokens per position; position 0 is drafted in every
+            # pass that drafted at all, so it is the number of drafts.
+            dp = _counter_delta(beg, end, cat.drafted_per_pos)
+            if dp is not None:
+                values, r = dp
+                reset |= r
+                first = _per_position(values, cat.position_label or "position")
+                drafts = _add(drafts, first[0] if first else None)
+        gen = _add(gen, counter(cat.generation_tokens))
+        prompt = _add(prompt, counter(cat.prompt_tokens))
+        preempt = _add(preempt, counter(cat.preemptions))
+        for key, name in (
+            ("tpot", cat.tpot_hist),
+            ("ttft", cat.ttft_hist),
+            ("queue", cat.queue_hist),
+            ("e2e", cat.e2e_hist),
+        ):
+            h = _histogram_delta(beg, end, name)
+            if h is not None:
+                hist, r = h
+                reset |= r
+                prev = hists[key]
+                hists[key] = hist if prev is None else prev.merged(hist)
+        running.append(_gauge_mean(end, cat.running))
+        waiting.append(end.total(cat.waiting))
+        kv.append(_gauge_mean(end, cat.kv_usage))
+        rate_g.append(_gauge_mean(end, cat.acceptance_rate_gauge))
+        len_g.append(_gauge_mean(end, cat.accept_length_gauge))
+        eff_g.append(_gauge_mean(end, cat.efficiency_gauge))
+        steps_g.append(
+            _gauge_mean(end, "sglang:spec_num_steps" if dialect is Dialect.SGLANG else None)
+        )
+        b, sz, tk = _cache_info(end, cat)
+        blocks, size, tokens = _min_int(blocks, b), _min_int(size, sz), _min_int(tokens, tk)
+        if reset:
+            resets.append(pod)
+
+    if has_spec_counter:
+        spec = SpecCounts(
+            drafts=drafts,
+            draft_tokens=draft_tokens,
+            accepted=accepted,
+            accepted_per_pos=tuple(per_pos) if per_pos else None,
+            emitted=emitted,
+        )
+    accept_len = _mean(len_g)
+    # SGLang reports 0 for its spec gauges when speculation is off.
+    if dialect is Dialect.SGLANG and accept_len is not None and accept_len <= 0:
+        accept_len = None
+    if blocks is not None and size is not None and tokens is None:
+        tokens = blocks * size
+    return Observation(
+        dialect=dialect,
+        window_s=window_s,
+        pods=tuple(ends),
+        spec=spec,
+        acceptance_rate_gauge=_mean(rate_g) if accept_len is not None or spec else None,
+        accept_length_gauge=accept_len,
+        efficiency_gauge=_mean(eff_g),
+        spec_steps_gauge=_mean(steps_g),
+        generation_tokens=gen,
+        prompt_tokens=prompt,
+        preemptions=preempt,
+        running=_mean(running),
+        waiting=_sum_opt(waiting),
+        kv_usage=_mean(kv),
+        num_gpu_blocks=blocks,
+        block_size=size,
+        kv_capacity_tokens=tokens,
+        tpot=hists["tpot"],
+        ttft=hists["ttft"],
+        queue=hists["queue"],
+        e2e=hists["e2e"],
+        resets=tuple(resets),
+        failed_pods=dict(failed_pods or {}),
+    )
+
+
+def _sum_opt(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return math.fsum(vals) if vals else None
