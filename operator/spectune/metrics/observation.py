@@ -67,7 +67,7 @@ class Histogram:
         in_bucket = cum[i] - below
         if in_bucket <= 0:
             return upper
-        return lower + (upper - lower) * (rank - below) / in_bucket
+        return float(lower + (upper - lower) * (rank - below) / in_bucket)
 
     def merged(self, other: Histogram) -> Histogram:
         """The sum of two histograms with the same bounds (e.g. two pods)."""
@@ -262,7 +262,7 @@ def _cache_info(snap: Snapshot, cat: Catalogue) -> tuple[int | None, int | None,
         size = _int_label(lab, "block_size", size)
         tokens = _int_label(lab, "kv_cache_size_tokens", tokens)
     if tokens is None and cat.kv_capacity_tokens_gauge is not None:
-        g = snap.total(cat.kv_capacity_tokens_gauge)
+        g = _gauge_mean(snap, cat.kv_capacity_tokens_gauge)
         tokens = int(g) if g is not None and not math.isnan(g) else None
     return blocks, size, tokens
 

@@ -1,0 +1,23 @@
+"""Findings from a window of observations: why speculation pays or does not."""
+
+from spectune.diagnose.findings import (
+    AcceptanceSummary,
+    Code,
+    Diagnosis,
+    DraftCost,
+    Finding,
+    PredictionRow,
+    Thresholds,
+    diagnose,
+)
+
+__all__ = [
+    "AcceptanceSummary",
+    "Code",
+    "Diagnosis",
+    "DraftCost",
+    "Finding",
+    "PredictionRow",
+    "Thresholds",
+    "diagnose",
+]

@@ -1,0 +1,686 @@
+"""Findings: why speculation is or is not paying, with the numbers behind each verdict.
+
+Called by ``spectune diagnose`` and ``spectune report`` today, and by the controller's
+status writer later. Input is one :class:`~spectune.metrics.Observation` of the pods as
+they run (and optionally one of the same traffic without speculation, the baseline);
+output is a :class:`Diagnosis`: the acceptance curve, the draft cost and where it came
+from, the predicted speedup for every draft length up to the measured one, and findings
+coded as in DESIGN.md §1. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from spectune.core import (
+    ConfidenceInterval,
+    acceptance_rate,
+    break_even_survival,
+    draft_cost_from_tpot,
+    expected_tokens,
+    flat_survival,
+    mean_accepted_length,
+    predict_speedup,
+    survival_from_counts,
+    survival_intervals,
+    wilson_interval,
+)
+from spectune.engines import Dialect
+from spectune.errors import InputError
+from spectune.metrics.observation import Histogram, Observation
+
+__all__ = [
+    "AcceptanceSummary",
+    "Code",
+    "Diagnosis",
+    "DraftCost",
+    "Finding",
+    "PredictionRow",
+    "Thresholds",
+    "diagnose",
+]
+
+
+class Code(enum.StrEnum):
+    """Finding codes, the same in the CLI, the SpecTuning status and events."""
+
+    LOW_ACCEPTANCE = "LOW_ACCEPTANCE"
+    DRAFTER_TOO_EXPENSIVE = "DRAFTER_TOO_EXPENSIVE"
+    K_PAST_PEAK = "K_PAST_PEAK"
+    KV_POOL_SHRANK = "KV_POOL_SHRANK"
+    QUEUEING = "QUEUEING"
+    LARGE_BATCH_REGIME = "LARGE_BATCH_REGIME"
+    HEALTHY = "HEALTHY"
+    INSUFFICIENT_DATA = "INSUFFICIENT_DATA"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The limits the findings use; every field has its unit and reason beside it."""
+
+    #: first-position acceptance P(L>=1) below which the drafter mismatches the workload. The
+    #: first position is used, not accepted/drafted tokens, because the overall rate falls
+    #: with k by construction (it averages the decaying curve) while P(L>=1) does not.
+    low_acceptance: float = 0.5
+    #: smallest predicted relative gain of the best k over the current k worth a change.
+    k_gain: float = 0.01
+    #: conditional acceptance at position 2, P(L>=2)/P(L>=1), below which the curve "collapses".
+    collapse_at_2: float = 0.4
+    #: fewest drafts in a window for the per-position curve to mean anything (Wilson
+    #: half-width at p = 0.5 is about 0.02 at 2000).
+    min_drafts: int = 2000
+    #: fewest finished requests for latency figures (TPOT, queue share).
+    min_requests: int = 30
+    #: fractional drop of KV blocks against the baseline that counts as a shrink.
+    kv_shrink: float = 0.05
+    #: queue time as a share of end-to-end latency above which waiting dominates.
+    queue_share: float = 0.2
+    #: tokens per verification pass past which a forward stops being memory-bound; a
+    #: typical H100 bf16 knee (989 TFLOP/s / 3.35 TB/s ≈ 295, rounded down). Assumed
+    #: unless the caller measured it.
+    compute_knee_tokens: float = 256.0
+    #: predicted or measured speedup margin over 1 that counts as "pays".
+    healthy_margin: float = 0.03
+    #: confidence of every interval reported.
+    confidence: float = 0.95
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis: a code, a sentence, the numbers behind it, and what to do."""
+
+    code: Code
+    message: str
+    evidence: Mapping[str, Any]
+    action: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The finding as the JSON object the CLI and status print."""
+        return {
+            "code": self.code.value,
+            "message": self.message,
+            "evidence": dict(self.evidence),
+            "action": self.action,
+        }
+
+
+@dataclass(frozen=True)
+class AcceptanceSummary:
+    """Acceptance over the window. ``per_position[i]`` is ``P(L >= i+1)``.
+
+    ``per_position_source`` is ``"measured"`` (per-position counters) or ``"modelled"``
+    (a flat per-token rate fitted to the mean accepted length, for dialects that export
+    no per-position data).
+    """
+
+    rate: float
+    rate_interval: ConfidenceInterval | None
+    mean_accepted_length: float
+    per_position: tuple[float, ...]
+    per_position_low: tuple[float, ...] | None
+    per_position_high: tuple[float, ...] | None
+    per_position_source: str
+    drafts: float | None
+    draft_tokens: float | None
+    accepted_tokens: float | None
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """The draft cost ``c`` in target-step units and where it came from.
+
+    ``source`` is ``measured`` (baseline TPOT at the same load), ``assumed`` (given by
+    the user) or ``unknown`` (``value`` is None).
+    """
+
+    value: float | None
+    source: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class PredictionRow:
+    """Expected tokens per pass and predicted speedup at one draft length (0 = off)."""
+
+    k: int
+    expected_tokens: float
+    speedup: float | None
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Everything ``spectune diagnose`` reports for one window."""
+
+    engine: Dialect
+    window_s: float | None
+    pods: tuple[str, ...]
+    acceptance: AcceptanceSummary
+    current_k: int
+    draft_cost: DraftCost
+    prediction: tuple[PredictionRow, ...]
+    best_k: int | None
+    measured_speedup: float | None
+    measured_speedup_interval: ConfidenceInterval | None
+    findings: tuple[Finding, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def codes(self) -> tuple[Code, ...]:
+        """The finding codes, in report order."""
+        return tuple(f.code for f in self.findings)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document of ``spectune diagnose --json``."""
+        acc = self.acceptance
+        return {
+            "engine": self.engine.value,
+            "window_s": self.window_s,
+            "pods": list(self.pods),
+            "acceptance": {
+                "rate": _num(acc.rate),
+                "rate_interval": _interval(acc.rate_interval),
+                "mean_accepted_length": _num(acc.mean_accepted_length),
+                "per_position": [_num(v) for v in acc.per_position],
+                "per_position_low": _list(acc.per_position_low),
+                "per_position_high": _list(acc.per_position_high),
+                "per_position_source": acc.per_position_source,
+                "drafts": _num(acc.drafts),
+                "draft_tokens": _num(acc.draft_tokens),
+                "accepted_tokens": _num(acc.accepted_tokens),
+            },
+            "current": {"k": self.current_k},
+            "draft_cost": {
+                "value": _num(self.draft_cost.value),
+                "source": self.draft_cost.source,
+                "detail": self.draft_cost.detail,
+            },
+            "prediction": [
+                {"k": r.k, "expected_tokens": _num(r.expected_tokens), "speedup": _num(r.speedup)}
+                for r in self.prediction
+            ],
+            "best_k": self.best_k,
+            "measured_speedup": _num(self.measured_speedup),
+            "measured_speedup_interval": _interval(self.measured_speedup_interval),
+            "findings": [f.to_json() for f in self.findings],
+            "notes": list(self.notes),
+        }
+
+
+def _num(v: float | None) -> float | None:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return round(float(v), 6)
+
+
+def _list(v: Sequence[float] | None) -> list[float | None] | None:
+    return None if v is None else [_num(x) for x in v]
+
+
+def _interval(ci: ConfidenceInterval | None) -> dict[str, float | None] | None:
+    if ci is None:
+        return None
+    return {"low": _num(ci.low), "high": _num(ci.high), "confidence": ci.confidence}
+
+
+# -- acceptance ---------------------------------------------------------------------------
+
+
+def _fit_flat_rate(mean_length: float, k: int) -> float:
+    """Per-token rate ``a`` whose ``1 + a + … + a^k`` equals the mean accepted length."""
+    target = min(max(mean_length, 1.0), k + 1.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if float(np.sum(mid ** np.arange(k + 1))) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _current_k(obs: Observation, given: int | None) -> tuple[int, str]:
+    """The draft length the pods run, and how it was found."""
+    if given is not None:
+        if given < 1:
+            raise InputError(f"--k must be at least 1, got {given}")
+        return given, "given"
+    spec = obs.spec
+    if spec is not None and spec.accepted_per_pos:
+        return len(spec.accepted_per_pos), "per-position counters"
+    if spec is not None and spec.draft_tokens and spec.drafts:
+        return round(spec.draft_tokens / spec.drafts), "draft tokens per draft"
+    if obs.spec_steps_gauge:
+        return round(obs.spec_steps_gauge), "spec_num_steps gauge"
+    if spec is not None and spec.emitted and spec.draft_tokens and obs.efficiency_gauge:
+        # vLLM V0: efficiency = emitted / (passes·(k+1)), passes = draft_tokens / k; solve for k.
+        slots = spec.emitted / obs.efficiency_gauge
+        if slots > spec.draft_tokens:
+            return round(spec.draft_tokens / (slots - spec.draft_tokens)), "efficiency gauge"
+    if obs.accept_length_gauge and obs.acceptance_rate_gauge:
+        # SGLang: rate = (length − 1) / k.
+        return round((obs.accept_length_gauge - 1) / obs.acceptance_rate_gauge), "accept gauges"
+    raise InputError("cannot tell the draft length k from these metrics; give it with --k")
+
+
+def _acceptance(obs: Observation, k: int, conf: float) -> tuple[AcceptanceSummary, list[str]]:
+    spec = obs.spec
+    notes: list[str] = []
+    if spec is not None and spec.accepted_per_pos and spec.drafts:
+        survival = survival_from_counts(spec.accepted_per_pos, spec.drafts)
+        low, high = survival_intervals(spec.accepted_per_pos, spec.drafts, conf)
+        accepted = spec.accepted if spec.accepted is not None else float(sum(spec.accepted_per_pos))
+        draft_tokens = spec.draft_tokens if spec.draft_tokens is not None else spec.drafts * k
+        return (
+            AcceptanceSummary(
+                rate=acceptance_rate(accepted, draft_tokens),
+                rate_interval=wilson_interval(accepted, draft_tokens, conf),
+                mean_accepted_length=mean_accepted_length(accepted, spec.drafts),
+                per_position=tuple(float(v) for v in survival),
+                per_position_low=tuple(float(v) for v in low),
+                per_position_high=tuple(float(v) for v in high),
+                per_position_source="measured",
+                drafts=spec.drafts,
+                draft_tokens=draft_tokens,
+                accepted_tokens=accepted,
+            ),
+            notes,
+        )
+    # No per-position counters: V0 (counters without positions) or SGLang (gauges only).
+    draft_tokens: float | None
+    accepted: float | None
+    if spec is not None and spec.draft_tokens and spec.accepted is not None:
+        rate = acceptance_rate(spec.accepted, spec.draft_tokens)
+        ci = wilson_interval(spec.accepted, spec.draft_tokens, conf)
+        passes = spec.draft_tokens / k
+        emitted = spec.emitted if spec.emitted is not None else spec.accepted + passes
+        length = emitted / passes
+        drafts: float | None = passes
+        draft_tokens, accepted = spec.draft_tokens, spec.accepted
+        notes.append(
+            "vLLM V0 counts every accepted draft token, not only the accepted prefix, so its "
+            "acceptance rate overstates what lands; mean accepted length uses emitted tokens"
+        )
+    elif obs.accept_length_gauge is not None:
+        length = obs.accept_length_gauge
+        rate = (
+            obs.acceptance_rate_gauge if obs.acceptance_rate_gauge is not None else (length - 1) / k
+        )
+        ci = None
+        drafts = draft_tokens = accepted = None
+        notes.append(
+            "acceptance comes from interval gauges (no counters), averaged over pods and ranks; "
+            "no interval can be given"
+        )
+    else:
+        raise InputError(
+            "no speculative-decoding metrics on these pages: speculation is off on these pods "
+            "(pass such pages as --baseline-before/--baseline-after instead)"
+        )
+    a = _fit_flat_rate(length, k)
+    notes.append(
+        f"{obs.dialect.value} exports no per-position acceptance; the curve is modelled as a "
+        f"flat per-token rate a = {a:.3f} fitted to the mean accepted length {length:.2f} "
+        f"at k = {k}"
+    )
+    survival = flat_survival(a, k)
+    return (
+        AcceptanceSummary(
+            rate=rate,
+            rate_interval=ci,
+            mean_accepted_length=length,
+            per_position=tuple(float(v) for v in survival),
+            per_position_low=None,
+            per_position_high=None,
+            per_position_source="modelled",
+            drafts=drafts,
+            draft_tokens=draft_tokens,
+            accepted_tokens=accepted,
+        ),
+        notes,
+    )
+
+
+# -- latency ------------------------------------------------------------------------------
+
+
+def _mean_se(h: Histogram) -> tuple[float, float]:
+    """Mean (exact, from ``_sum``) and its standard error estimated from the buckets."""
+    mean = h.mean
+    bounds = np.asarray(h.bounds, dtype=float)
+    counts = np.diff(np.concatenate([[0.0], np.asarray(h.cumulative, dtype=float)]))
+    lower = np.concatenate([[0.0], bounds[:-1]])
+    upper = np.where(np.isinf(bounds), lower, bounds)
+    mid = (lower + upper) / 2
+    n = max(h.count, 1.0)
+    var = float(np.sum(counts * (mid - mean) ** 2) / n)
+    # Bucket width adds a uniform-within-bucket variance term.
+    var += float(np.sum(counts * (upper - lower) ** 2 / 12) / n)
+    return mean, math.sqrt(var / n)
+
+
+def _speedup_interval(
+    on: Histogram, off: Histogram, conf: float
+) -> tuple[float, ConfidenceInterval]:
+    """TPOT_off / TPOT_on with a delta-method interval on the log ratio."""
+    m_on, se_on = _mean_se(on)
+    m_off, se_off = _mean_se(off)
+    ratio = m_off / m_on
+    z = float(np.sqrt(2) * _erfinv(conf))
+    log_se = math.sqrt((se_on / m_on) ** 2 + (se_off / m_off) ** 2)
+    return ratio, ConfidenceInterval(
+        low=ratio * math.exp(-z * log_se), high=ratio * math.exp(z * log_se), confidence=conf
+    )
+
+
+def _erfinv(p: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf((1 + p) / 2) / math.sqrt(2)
+
+
+def _gain(speedups: Sequence[float | None], best_k: int | None, k: int) -> float:
+    """Relative predicted gain of the best k over the current k (0 when unknown)."""
+    if best_k is None or k >= len(speedups):
+        return 0.0
+    best, now = speedups[best_k], speedups[k]
+    if best is None or now is None or now <= 0:
+        return 0.0
+    return best / now - 1
+
+
+def _queue_share(obs: Observation, th: Thresholds) -> float | None:
+    """Queue time as a share of end-to-end latency, when enough requests finished."""
+    if obs.queue is None or obs.e2e is None or obs.e2e.sum <= 0:
+        return None
+    if obs.e2e.count < th.min_requests:
+        return None
+    return obs.queue.sum / obs.e2e.sum
+
+
+# -- the diagnosis ------------------------------------------------------------------------
+
+
+def diagnose(
+    obs: Observation,
+    baseline: Observation | None = None,
+    *,
+    current_k: int | None = None,
+    draft_cost: float | None = None,
+    thresholds: Thresholds | None = None,
+) -> Diagnosis:
+    """Diagnose one window of a speculating deployment.
+
+    Parameters
+    ----------
+    obs
+        The pods as they run, with speculation on.
+    baseline
+        The same traffic without speculation (or on the previous setting), for the
+        measured draft cost, the measured speedup and the KV-pool comparison.
+    current_k
+        The draft length, when the metrics cannot tell it.
+    draft_cost
+        An assumed draft cost ``c`` when there is no baseline.
+    thresholds
+        The limits of the findings.
+
+    Raises
+    ------
+    InputError
+        When the pods do not speculate, or the baseline does.
+    """
+    th = thresholds or Thresholds()
+    k, k_source = _current_k(obs, current_k)
+    acc, notes = _acceptance(obs, k, th.confidence)
+    notes = [f"current k = {k} (from {k_source})", *notes]
+    survival = np.asarray(acc.per_position, dtype=float)
+    e_all = expected_tokens(survival)
+    findings: list[Finding] = []
+
+    # Draft cost: measured from the baseline at the same load, else assumed, else unknown.
+    measured_speedup: float | None = None
+    speedup_ci: ConfidenceInterval | None = None
+    enough_requests = (
+        obs.tpot is not None
+        and obs.tpot.count >= th.min_requests
+        and baseline is not None
+        and baseline.tpot is not None
+        and baseline.tpot.count >= th.min_requests
+    )
+    cost: DraftCost
+    if enough_requests and baseline is not None and obs.tpot and baseline.tpot:
+        if baseline.speculating:
+            notes.append("the baseline pages speculate too: the cost is relative to that setting")
+        measured_speedup, speedup_ci = _speedup_interval(obs.tpot, baseline.tpot, th.confidence)
+        c = draft_cost_from_tpot(obs.tpot.mean, baseline.tpot.mean, acc.mean_accepted_length, k)
+        cost = DraftCost(
+            c,
+            "measured",
+            f"c = (TPOT_on·E/TPOT_off − 1)/k = ({obs.tpot.mean * 1e3:.2f} ms × "
+            f"{acc.mean_accepted_length:.2f} / {baseline.tpot.mean * 1e3:.2f} ms − 1)/{k}",
+        )
+        if draft_cost is not None:
+            notes.append(f"--draft-cost {draft_cost:g} ignored: the baseline measures c = {c:.3f}")
+    elif draft_cost is not None:
+        if draft_cost < 0:
+            raise InputError(f"--draft-cost must be ≥ 0, got {draft_cost:g}")
+        cost = DraftCost(draft_cost, "assumed", "given with --draft-cost")
+    else:
+        why = (
+            "no baseline pages without speculation"
+            if baseline is None
+            else f"fewer than {th.min_requests} finished requests with TPOT in a window"
+        )
+        cost = DraftCost(None, "unknown", why)
+        findings.append(
+            Finding(
+                Code.INSUFFICIENT_DATA,
+                f"draft cost c is unknown ({why}), so speedups cannot be predicted",
+                {"baseline": baseline is not None},
+                "give --baseline-before/--baseline-after pages from the same traffic without "
+                "speculation, or an assumed --draft-cost",
+            )
+        )
+
+    if cost.value is not None:
+        table = predict_speedup(survival, cost.value)
+        best_k: int | None = int(table.best_k)
+        speedups: list[float | None] = [float(s) for s in table.speedup]
+    else:
+        best_k = None
+        speedups = [None] * len(e_all)
+    prediction = tuple(PredictionRow(i, float(e_all[i]), speedups[i]) for i in range(len(e_all)))
+
+    # Evidence volume.
+    if acc.drafts is not None and acc.drafts < th.min_drafts:
+        findings.append(
+            Finding(
+                Code.INSUFFICIENT_DATA,
+                f"only {acc.drafts:.0f} drafts in the window; the per-position curve is not "
+                f"reliable below {th.min_drafts}",
+                {"drafts": acc.drafts, "min_drafts": th.min_drafts},
+                "measure over a longer window or under more traffic",
+            )
+        )
+
+    # Branch A: the drafter does not fit the workload.
+    q2 = (
+        acc.per_position[1] / acc.per_position[0]
+        if len(acc.per_position) > 1 and acc.per_position[0] > 0
+        else None
+    )
+    pp = acc.per_position
+    first = pp[0] if pp else acc.rate
+    low = first < th.low_acceptance
+    collapsed = q2 is not None and acc.per_position_source == "measured" and q2 < th.collapse_at_2
+    if low or collapsed:
+        why = (
+            f"first-position acceptance {first:.2f} is below {th.low_acceptance:.2f}"
+            if low
+            else f"the curve collapses at position 2 (conditional acceptance {q2:.2f})"
+        )
+        findings.append(
+            Finding(
+                Code.LOW_ACCEPTANCE,
+                f"the drafter does not fit this workload: {why}",
+                {
+                    "acceptance_rate": _num(acc.rate),
+                    "p_len_ge_1": _num(acc.per_position[0]),
+                    "conditional_at_2": _num(q2),
+                },
+                "try another drafter (EAGLE-3/MTP for chat, n-gram for copy-heavy routes) or "
+                "turn speculation off for this route",
+            )
+        )
+
+    # Draft length past the interior optimum.
+    gain = _gain(speedups, best_k, k)
+    if best_k is not None and best_k >= 1 and k > best_k and gain > th.k_gain and cost.value:
+        be = break_even_survival(e_all, cost.value)
+        findings.append(
+            Finding(
+                Code.K_PAST_PEAK,
+                f"k = {k} is past the optimum k = {best_k}: position {k} lands with "
+                f"P(L≥{k}) = {acc.per_position[k - 1]:.3f}, below its break-even {be[k - 1]:.3f}",
+                {
+                    "k": k,
+                    "best_k": best_k,
+                    "p_len_ge_k": _num(acc.per_position[k - 1]),
+                    "break_even": _num(float(be[k - 1])),
+                    "speedup_at_k": _num(speedups[k]),
+                    "speedup_at_best_k": _num(speedups[best_k]),
+                },
+                f"set num_speculative_tokens to {best_k}",
+            )
+        )
+
+    # Branch B: acceptance is fine but the drafter costs too much.
+    too_expensive = cost.value is not None and best_k == 0
+    if speedup_ci is not None and speedup_ci.high < 1.0:
+        too_expensive = True
+    if too_expensive and not low and cost.value is not None:
+        share = cost.value * k / (1 + cost.value * k)
+        findings.append(
+            Finding(
+                Code.DRAFTER_TOO_EXPENSIVE,
+                f"acceptance is fine ({acc.rate:.2f}) but a draft step costs c = {cost.value:.3f} "
+                f"target steps ({share:.0%} of each step at k = {k}); no k pays",
+                {
+                    "draft_cost": _num(cost.value),
+                    "draft_share_of_step": _num(share),
+                    "measured_speedup": _num(measured_speedup),
+                },
+                "use a cheaper drafter (EAGLE head or n-gram instead of a draft model) or turn "
+                "speculation off",
+            )
+        )
+
+    # Large batches: verification processes running·(k+1) tokens per pass.
+    if obs.running is not None:
+        tokens = obs.running * (k + 1)
+        if tokens > th.compute_knee_tokens:
+            findings.append(
+                Finding(
+                    Code.LARGE_BATCH_REGIME,
+                    f"{obs.running:.0f} running requests × (k+1) = {tokens:.0f} tokens per "
+                    f"verification pass, past the compute knee (~{th.compute_knee_tokens:.0f}, "
+                    "assumed): verification is no longer near-free",
+                    {
+                        "running_per_pod": _num(obs.running),
+                        "tokens_per_pass": _num(tokens),
+                        "compute_knee_tokens": th.compute_knee_tokens,
+                    },
+                    "lower k at high concurrency (a per-batch-size schedule) or turn speculation "
+                    "off above this load",
+                )
+            )
+
+    # KV pool: a drafter's weights and KV come out of the request pool.
+    if baseline is not None and obs.num_gpu_blocks and baseline.num_gpu_blocks:
+        shrink = 1 - obs.num_gpu_blocks / baseline.num_gpu_blocks
+        q_on = obs.queue.quantile(0.95) if obs.queue else math.nan
+        q_off = baseline.queue.quantile(0.95) if baseline.queue else math.nan
+        pressure = (
+            bool(obs.preemptions)
+            or bool(obs.waiting)
+            or (not math.isnan(q_on) and not math.isnan(q_off) and q_on > 1.2 * q_off + 1e-3)
+        )
+        if shrink > th.kv_shrink and pressure:
+            findings.append(
+                Finding(
+                    Code.KV_POOL_SHRANK,
+                    f"the drafter cut the KV pool by {shrink:.0%} ({baseline.num_gpu_blocks} → "
+                    f"{obs.num_gpu_blocks} blocks) and requests now wait",
+                    {
+                        "num_gpu_blocks": obs.num_gpu_blocks,
+                        "baseline_num_gpu_blocks": baseline.num_gpu_blocks,
+                        "queue_p95_s": _num(q_on),
+                        "baseline_queue_p95_s": _num(q_off),
+                        "preemptions": _num(obs.preemptions),
+                        "waiting": _num(obs.waiting),
+                    },
+                    "use a smaller drafter, raise gpu_memory_utilization, or add replicas",
+                )
+            )
+
+    # Queueing: latency dominated by waiting rather than decoding.
+    queue_share = _queue_share(obs, th)
+    if queue_share is not None and obs.queue is not None and queue_share > th.queue_share:
+        findings.append(
+            Finding(
+                Code.QUEUEING,
+                f"requests spend {queue_share:.0%} of their end-to-end time waiting in the queue",
+                {"queue_share": _num(queue_share), "queue_p95_s": _num(obs.queue.quantile(0.95))},
+                "capacity, not decoding speed, limits latency: add replicas or free KV "
+                "memory before tuning k",
+            )
+        )
+
+    problems = {Code.LOW_ACCEPTANCE, Code.DRAFTER_TOO_EXPENSIVE, Code.K_PAST_PEAK}
+    if not any(f.code in problems for f in findings):
+        pays_measured = speedup_ci is not None and speedup_ci.low > 1.0
+        at_k = speedups[k] if k < len(speedups) else None
+        pays_predicted = speedup_ci is None and at_k is not None and at_k > 1 + th.healthy_margin
+        if pays_measured or pays_predicted:
+            evidence: dict[str, Any] = {"k": k, "predicted_speedup": _num(at_k)}
+            if speedup_ci is not None:
+                evidence |= {
+                    "measured_speedup": _num(measured_speedup),
+                    "interval_low": _num(speedup_ci.low),
+                    "interval_high": _num(speedup_ci.high),
+                }
+                msg = (
+                    f"speculation pays: measured speedup {measured_speedup:.2f}× "
+                    f"({speedup_ci.low:.2f}–{speedup_ci.high:.2f} at {th.confidence:.0%})"
+                )
+            else:
+                msg = f"speculation pays: predicted speedup {at_k:.2f}× at k = {k}"
+            findings.append(
+                Finding(
+                    Code.HEALTHY,
+                    msg,
+                    evidence,
+                    "keep this setting; re-check on model or traffic changes",
+                )
+            )
+
+    return Diagnosis(
+        engine=obs.dialect,
+        window_s=obs.window_s,
+        pods=obs.pods,
+        acceptance=acc,
+        current_k=k,
+        draft_cost=cost,
+        prediction=prediction,
+        best_k=best_k,
+        measured_speedup=measured_speedup,
+        measured_speedup_interval=speedup_ci,
+        findings=tuple(findings),
+        notes=tuple(notes),
+    )
