@@ -318,6 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. piped into `head`
+        return 0
 
 
 if __name__ == "__main__":

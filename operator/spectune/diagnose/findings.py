@@ -274,24 +274,25 @@ def _acceptance(obs: Observation, k: int, conf: float) -> tuple[AcceptanceSummar
     if spec is not None and spec.accepted_per_pos and spec.drafts:
         survival = survival_from_counts(spec.accepted_per_pos, spec.drafts)
         low, high = survival_intervals(spec.accepted_per_pos, spec.drafts, conf)
-        accepted = spec.accepted if spec.accepted is not None else float(sum(spec.accepted_per_pos))
-        draft_tokens = spec.draft_tokens if spec.draft_tokens is not None else spec.drafts * k
+        landed = spec.accepted if spec.accepted is not None else float(sum(spec.accepted_per_pos))
+        drafted = spec.draft_tokens if spec.draft_tokens is not None else spec.drafts * k
         return (
             AcceptanceSummary(
-                rate=acceptance_rate(accepted, draft_tokens),
-                rate_interval=wilson_interval(accepted, draft_tokens, conf),
-                mean_accepted_length=mean_accepted_length(accepted, spec.drafts),
+                rate=acceptance_rate(landed, drafted),
+                rate_interval=wilson_interval(landed, drafted, conf),
+                mean_accepted_length=mean_accepted_length(landed, spec.drafts),
                 per_position=tuple(float(v) for v in survival),
                 per_position_low=tuple(float(v) for v in low),
                 per_position_high=tuple(float(v) for v in high),
                 per_position_source="measured",
                 drafts=spec.drafts,
-                draft_tokens=draft_tokens,
-                accepted_tokens=accepted,
+                draft_tokens=drafted,
+                accepted_tokens=landed,
             ),
             notes,
         )
     # No per-position counters: V0 (counters without positions) or SGLang (gauges only).
+    drafts: float | None
     draft_tokens: float | None
     accepted: float | None
     if spec is not None and spec.draft_tokens and spec.accepted is not None:
@@ -300,7 +301,7 @@ def _acceptance(obs: Observation, k: int, conf: float) -> tuple[AcceptanceSummar
         passes = spec.draft_tokens / k
         emitted = spec.emitted if spec.emitted is not None else spec.accepted + passes
         length = emitted / passes
-        drafts: float | None = passes
+        drafts = passes
         draft_tokens, accepted = spec.draft_tokens, spec.accepted
         notes.append(
             "vLLM V0 counts every accepted draft token, not only the accepted prefix, so its "
