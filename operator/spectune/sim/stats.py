@@ -1,0 +1,162 @@
+"""Cumulative counters and histograms of one simulated engine, as the engine itself keeps them.
+
+The engine feeds these in bulk (a whole run of steps at once), and the exposition module
+turns them into a vLLM or SGLang ``/metrics`` page. They reset when a replica restarts, as
+a real pod's counters do. Bucket edges come from :mod:`spectune.engines.catalogue` (vLLM)
+and ``reference/engines.md`` §2.2 (SGLang).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+from prometheus_client.utils import floatToGoString
+
+from spectune.engines.catalogue import (
+    ITL_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    TTFT_BUCKETS,
+    VLLM_ITERATION_TOKENS_BUCKETS,
+)
+
+__all__ = [
+    "SGLANG_E2E_BUCKETS",
+    "SGLANG_ITL_BUCKETS",
+    "SGLANG_QUEUE_BUCKETS",
+    "SGLANG_TTFT_BUCKETS",
+    "EngineStats",
+    "Hist",
+    "buckets_1_2_5",
+]
+
+# SGLang defaults (reference/engines.md §2.2, python/sglang/srt/metrics/collector.py).
+SGLANG_TTFT_BUCKETS: tuple[float, ...] = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
+    200.0, 400.0,
+)  # fmt: skip
+SGLANG_ITL_BUCKETS: tuple[float, ...] = (
+    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
+    0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0,
+)  # fmt: skip
+SGLANG_E2E_BUCKETS: tuple[float, ...] = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
+    200.0, 400.0, 600.0, 1200.0, 1800.0, 2400.0,
+)  # fmt: skip
+SGLANG_QUEUE_BUCKETS: tuple[float, ...] = (
+    0.0, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    70.0, 80.0, 90.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0, 900.0,
+    1000.0, 1200.0, 1400.0, 1600.0, 1800.0, 2000.0, 2500.0, 3000.0,
+)  # fmt: skip
+
+
+def buckets_1_2_5(max_value: int) -> tuple[float, ...]:
+    """vLLM's ``build_1_2_5_buckets``: 1, 2, 5, 10, 20, 50, ... up to ``max_value``."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10**exponent
+            if v > max_value:
+                return tuple(out)
+            out.append(float(v))
+        exponent += 1
+
+
+class Hist:
+    """A cumulative Prometheus histogram: per-bucket counts (last = +Inf) and a sum."""
+
+    __slots__ = ("_bounds_list", "_les", "bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds: NDArray[np.float64] = np.asarray(bounds, dtype=float)
+        self._bounds_list = [float(b) for b in bounds]
+        # prometheus_client's own spelling of `le` ("1.0", "0.001", "+Inf")
+        self._les: list[str] = [floatToGoString(b) for b in self._bounds_list]  # type: ignore[no-untyped-call]
+        self.counts: NDArray[np.int64] = np.zeros(len(bounds) + 1, dtype=np.int64)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        """One observation (``le`` is inclusive, as in Prometheus)."""
+        self.counts[bisect.bisect_left(self._bounds_list, value)] += 1
+        self.total += value
+
+    def observe_many(
+        self,
+        values: NDArray[np.float64],
+        weights: NDArray[np.int64] | int = 1,
+        weighted_sum: float | None = None,
+    ) -> None:
+        """Many observations at once; ``weights`` repeats each value that many times."""
+        idx = np.searchsorted(self.bounds, values, side="left")
+        if isinstance(weights, int):
+            self.counts += np.bincount(idx, minlength=len(self.counts)) * weights
+            self.total += float(values.sum()) * weights if weighted_sum is None else weighted_sum
+        else:
+            self.counts += np.bincount(idx, weights=weights, minlength=len(self.counts)).astype(
+                np.int64
+            )
+            self.total += float((values * weights).sum()) if weighted_sum is None else weighted_sum
+
+    @property
+    def count(self) -> int:
+        """Number of observations."""
+        return int(self.counts.sum())
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """``(le, cumulative count)`` pairs as Prometheus exposes them, ending with ``+Inf``."""
+        cum = np.cumsum(self.counts)
+        out = [(le, float(c)) for le, c in zip(self._les, cum, strict=False)]
+        out.append(("+Inf", float(cum[-1])))
+        return out
+
+
+class EngineStats:
+    """Everything one engine has counted since it started."""
+
+    def __init__(self, max_model_len: int, num_spec_tokens: int, sglang: bool) -> None:
+        self.preemptions = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success = {"stop": 0, "length": 0, "abort": 0}
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.num_requests = 0
+        # speculation (vLLM V1 semantics, reference/engines.md §1.1)
+        self.num_spec_tokens = num_spec_tokens
+        self.drafts = 0
+        self.draft_tokens = 0
+        self.accepted = 0
+        self.accepted_per_pos: NDArray[np.int64] = np.zeros(num_spec_tokens, dtype=np.int64)
+        # histograms, vLLM V1 buckets
+        self.iteration_tokens = Hist(VLLM_ITERATION_TOKENS_BUCKETS)
+        self.ttft = Hist(TTFT_BUCKETS)
+        self.itl = Hist(ITL_BUCKETS)
+        self.tpot = Hist(ITL_BUCKETS)
+        self.e2e = Hist(REQUEST_LATENCY_BUCKETS)
+        self.queue = Hist(REQUEST_LATENCY_BUCKETS)
+        self.inference = Hist(REQUEST_LATENCY_BUCKETS)
+        self.prefill = Hist(REQUEST_LATENCY_BUCKETS)
+        self.decode = Hist(REQUEST_LATENCY_BUCKETS)
+        token_buckets = buckets_1_2_5(max_model_len)
+        self.req_prompt_tokens = Hist(token_buckets)
+        self.req_generation_tokens = Hist(token_buckets)
+        self.req_max_generation_tokens = Hist(token_buckets)
+        self.req_params_max_tokens = Hist(token_buckets)
+        self.req_params_n = Hist((1.0, 2.0, 5.0, 10.0, 20.0))
+        # SGLang's own histograms and interval gauges (only fed for engine: sglang)
+        self.sglang = sglang
+        self.sg_ttft = Hist(SGLANG_TTFT_BUCKETS)
+        self.sg_itl = Hist(SGLANG_ITL_BUCKETS)
+        self.sg_e2e = Hist(SGLANG_E2E_BUCKETS)
+        self.sg_queue = Hist(SGLANG_QUEUE_BUCKETS)
+        self.sg_interval_batches = 0
+        self.sg_interval_forwards = 0
+        self.sg_interval_emitted = 0
+        self.sg_interval_tokens = 0
+        self.sg_interval_start = 0.0
+        self.sg_accept_length = 0.0
+        self.sg_accept_rate = 0.0
+        self.sg_gen_throughput = 0.0
