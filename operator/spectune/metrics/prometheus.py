@@ -18,6 +18,8 @@ from typing import Any
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests import RequestException
+from requests.exceptions import RetryError
+from urllib3.util.retry import Retry
 
 from spectune.engines import Catalogue, Dialect, catalogue_for
 from spectune.errors import InputError, NoDataError, SourceUnavailableError
@@ -103,8 +105,15 @@ class PrometheusSource:
         self._url = url.rstrip("/")
         self._dialect = dialect
         self._timeout = timeout_s
+        # Retry only what a load balancer in front of Prometheus says is passing (502–504);
+        # a 500 or 4xx is an answer, and the user should see it at once.
+        retry = Retry(total=2, backoff_factor=0.2, status_forcelist=(502, 503, 504))
         self._client = PrometheusConnect(
-            url=self._url, headers=dict(headers or {}), disable_ssl=False, timeout=int(timeout_s)
+            url=self._url,
+            headers=dict(headers or {}),
+            disable_ssl=False,
+            timeout=max(1, round(timeout_s)),
+            retry=retry,
         )
 
     # -- querying -----------------------------------------------------------------------
@@ -122,14 +131,20 @@ class PrometheusSource:
             raise SourceUnavailableError(
                 f"Prometheus at {self._url} answered an error: {_short(text)}"
             ) from None
-        except RequestException as exc:
-            raise SourceUnavailableError(
-                f"cannot reach Prometheus at {self._url}: {_short(str(exc))}"
-            ) from None
-        except ValueError as exc:  # a body that is not JSON
+        except (
+            ValueError
+        ) as exc:  # a body that is not JSON (before RequestException: requests' JSON error is both)
             raise SourceUnavailableError(
                 f"Prometheus at {self._url} answered something that is not its JSON API "
                 f"({_short(str(exc))})"
+            ) from None
+        except RetryError as exc:
+            raise SourceUnavailableError(
+                f"Prometheus at {self._url} kept answering errors: {_short(str(exc))}"
+            ) from None
+        except RequestException as exc:
+            raise SourceUnavailableError(
+                f"cannot reach Prometheus at {self._url}: {_short(str(exc))}"
             ) from None
         if not isinstance(result, list) or not all(isinstance(r, dict) for r in result):
             raise SourceUnavailableError(
