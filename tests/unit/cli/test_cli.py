@@ -106,28 +106,51 @@ def good(tmp_path: Path) -> tuple[str, str]:
     return pages("vllm-eagle3-k7", "before")[0], pages("vllm-eagle3-k7", "after")[0]
 
 
+NODE_PAGE = "# TYPE node_load1 gauge\nnode_load1 0.5\n"
+OFF = [*pages("vllm-off", "before")[:1], "--after", *pages("vllm-off", "after")[:1]]
+
+# case -> (argv after `diagnose`, given tmp dir t and a good (before, after) pair g; message)
 BAD_INPUTS = {
-    "malformed page": (lambda t, g: ["--before", g[0], "--after", _write(t, "x.prom", "vllm:x{a=\"1\" 2\n")],
-                       "not a valid Prometheus exposition page"),
-    "page of another program": (lambda t, g: ["--before", g[0], "--after", _write(t, "n.prom",
-                                "# TYPE node_load1 gauge\nnode_load1 0.5\n")], "not from a serving engine"),
-    "speculation off": (lambda t, g: ["--before", *pages("vllm-off", "before")[:1],
-                        "--after", *pages("vllm-off", "after")[:1]], "speculation is off"),
-    "binary file": (lambda t, g: ["--before", g[0], "--after", _write(t, "b.prom", b"\xff\xfe\x00")],
-                    "not a text file"),
-    "missing file": (lambda t, g: ["--before", g[0], "--after", str(t / "nope.prom")],
-                     "is not a readable file"),
-    "unequal page counts": (lambda t, g: ["--before", g[0], g[0], "--after", g[1]], "give one page per pod"),
+    "malformed page": (
+        lambda t, g: ["--before", g[0], "--after", _write(t, "x.prom", 'vllm:x{a="1" 2\n')],
+        "not a valid Prometheus exposition page",
+    ),
+    "page of another program": (
+        lambda t, g: ["--before", g[0], "--after", _write(t, "n.prom", NODE_PAGE)],
+        "not from a serving engine",
+    ),
+    "speculation off": (lambda t, g: ["--before", *OFF], "speculation is off"),
+    "binary file": (
+        lambda t, g: ["--before", g[0], "--after", _write(t, "b.prom", b"\xff\xfe\x00")],
+        "not a text file",
+    ),
+    "missing file": (
+        lambda t, g: ["--before", g[0], "--after", str(t / "nope.prom")],
+        "is not a readable file",
+    ),
+    "unequal page counts": (
+        lambda t, g: ["--before", g[0], g[0], "--after", g[1]],
+        "give one page per pod",
+    ),
     "no input": (lambda t, g: [], "give exactly one input"),
-    "two inputs": (lambda t, g: ["--example", "--scrape", "http://127.0.0.1:1/metrics"], "exactly one input"),
-    "bad window": (lambda t, g: ["--before", g[0], "--after", g[1], "--window", "ten minutes"],
-                   "--window: 'ten minutes' is not a duration"),
-    "bad selector": (lambda t, g: ["--prometheus", "http://127.0.0.1:9", "--selector", "namespace=x",
-                     "--window", "1m"], "must be label matchers in braces"),
-    "prometheus without window": (lambda t, g: ["--prometheus", "http://127.0.0.1:9", "--selector",
-                                  '{a="b"}'], "--window is required"),
+    "two inputs": (
+        lambda t, g: ["--example", "--scrape", "http://127.0.0.1:1/metrics"],
+        "exactly one input",
+    ),
+    "bad window": (
+        lambda t, g: ["--before", g[0], "--after", g[1], "--window", "ten minutes"],
+        "--window: 'ten minutes' is not a duration",
+    ),
+    "bad selector": (
+        lambda t, g: ["--prometheus", "http://127.0.0.1:9", "--selector", "ns=x", "--window", "1m"],
+        "must be label matchers in braces",
+    ),
+    "prometheus without window": (
+        lambda t, g: ["--prometheus", "http://127.0.0.1:9", "--selector", '{a="b"}'],
+        "--window is required",
+    ),
     "unknown example": (lambda t, g: ["--example", "vllm-nope"], "no bundled example 'vllm-nope'"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
@@ -145,8 +168,9 @@ def test_a_counter_reset_between_pages_is_not_a_negative_window(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Swapping the moments makes every counter go down: a restart inside the window.
-    doc = run_json(capsys, "diagnose", "--before", *pages("vllm-eagle3-k7", "after"),
-                   "--after", *pages("vllm-eagle3-k7", "before"), "--draft-cost", "0.12", "--json")  # fmt: skip
+    swapped = ["--before", *pages("vllm-eagle3-k7", "after")]
+    swapped += ["--after", *pages("vllm-eagle3-k7", "before")]
+    doc = run_json(capsys, "diagnose", *swapped, "--draft-cost", "0.12", "--json")
     assert doc["acceptance"]["drafts"] > 0
     assert 0 < doc["acceptance"]["rate"] < 1
 
