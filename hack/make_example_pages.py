@@ -47,11 +47,15 @@ def render(metrics: list[Metric]) -> str:
     return generate_latest(reg).decode()
 
 
-def hist(name: str, doc: str, labels: dict[str, str], bounds: Sequence[float], obs: np.ndarray) -> Metric:
+def hist(
+    name: str, doc: str, labels: dict[str, str], bounds: Sequence[float], obs: np.ndarray
+) -> Metric:
     h = HistogramMetricFamily(name, doc, labels=list(labels))
     edges = [*bounds, float("inf")]
     cum = [float(np.sum(obs <= b)) for b in edges]
-    buckets = [(("+Inf" if np.isinf(b) else repr(float(b))), c) for b, c in zip(edges, cum, strict=True)]
+    buckets = [
+        (("+Inf" if np.isinf(b) else repr(float(b))), c) for b, c in zip(edges, cum, strict=True)
+    ]
     h.add_metric(list(labels.values()), buckets, float(obs.sum()))
     return h
 
@@ -91,7 +95,12 @@ def vllm_v1_page(
     e2e = ttft + tpot * (out_tokens - 1)
     gen = float(out_tokens.sum())
     metrics: list[Metric] = [
-        gauge("vllm:num_requests_running", "Number of requests in model execution batches.", lab, running),
+        gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            lab,
+            running,
+        ),
         gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", lab, 0.0),
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", lab, 0.31),
     ]
@@ -99,26 +108,55 @@ def vllm_v1_page(
         "vllm:cache_config_info",
         "Information of the LLMEngine CacheConfig",
         labels=[
-            "block_size", "cache_dtype", "calculate_kv_scales", "cpu_offload_gb",
-            "enable_prefix_caching", "engine", "gpu_memory_utilization", "is_attention_free",
-            "num_cpu_blocks", "num_gpu_blocks", "num_gpu_blocks_override", "sliding_window",
-        ],  # fmt: skip
+            "block_size",
+            "cache_dtype",
+            "calculate_kv_scales",
+            "cpu_offload_gb",
+            "enable_prefix_caching",
+            "engine",
+            "gpu_memory_utilization",
+            "is_attention_free",
+            "num_cpu_blocks",
+            "num_gpu_blocks",
+            "num_gpu_blocks_override",
+            "sliding_window",
+        ],
     )
     info.add_metric(
-        ["16", "auto", "False", "0", "True", "0", "0.9", "False", "None", str(num_gpu_blocks),
-         "None", "None"],  # fmt: skip
+        [
+            "16",
+            "auto",
+            "False",
+            "0",
+            "True",
+            "0",
+            "0.9",
+            "False",
+            "None",
+            str(num_gpu_blocks),
+            "None",
+            "None",
+        ],
         1.0,
     )
     metrics.append(info)
     metrics += [
-        counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", lab, 0.0),
-        counter("vllm:prompt_tokens", "Number of prefill tokens processed.", lab, float(prompt_tokens.sum())),
+        counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", lab, 0.0
+        ),
+        counter(
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed.",
+            lab,
+            float(prompt_tokens.sum()),
+        ),
         counter("vllm:generation_tokens", "Number of generation tokens processed.", lab, gen),
     ]
     succ = CounterMetricFamily(
-        "vllm:request_success", "Count of successfully processed requests.",
+        "vllm:request_success",
+        "Count of successfully processed requests.",
         labels=["engine", "finished_reason", "model_name"],
-    )  # fmt: skip
+    )
     n_len = int(requests * 0.04)
     for reason, n in (("abort", 0), ("length", n_len), ("stop", requests - n_len)):
         succ.add_metric(["0", reason, MODEL], float(n))
@@ -126,22 +164,56 @@ def vllm_v1_page(
     steps_per_req = out_tokens / (1 + (sum(survival) if survival else 0.0))
     iteration = np.resize(np.array([8, 16, 64, 512, 2048]), max(1, int(steps_per_req.sum() / 8)))
     metrics += [
-        hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", lab,
-             VLLM_ITERATION_TOKENS_BUCKETS, iteration),
-        hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", lab,
-             TTFT_BUCKETS, ttft),
-        hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", lab,
-             ITL_BUCKETS, np.repeat(tpot * (1 + (sum(survival) if survival else 0.0)), 8)),
-        hist("vllm:request_time_per_output_token_seconds",
-             "Histogram of time_per_output_token_seconds per request.", lab, ITL_BUCKETS, tpot),
-        hist("vllm:e2e_request_latency_seconds",
-             "Histogram of e2e request latency in seconds.", lab, REQUEST_LATENCY_BUCKETS, e2e),
-        hist("vllm:request_queue_time_seconds",
-             "Histogram of time spent in WAITING phase for request.", lab, REQUEST_LATENCY_BUCKETS, queue),
-        hist("vllm:request_decode_time_seconds",
-             "Histogram of time spent in DECODE phase for request.", lab, REQUEST_LATENCY_BUCKETS,
-             tpot * (out_tokens - 1)),
-    ]  # fmt: skip
+        hist(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            lab,
+            VLLM_ITERATION_TOKENS_BUCKETS,
+            iteration,
+        ),
+        hist(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            lab,
+            TTFT_BUCKETS,
+            ttft,
+        ),
+        hist(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            lab,
+            ITL_BUCKETS,
+            np.repeat(tpot * (1 + (sum(survival) if survival else 0.0)), 8),
+        ),
+        hist(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            lab,
+            ITL_BUCKETS,
+            tpot,
+        ),
+        hist(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            lab,
+            REQUEST_LATENCY_BUCKETS,
+            e2e,
+        ),
+        hist(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            lab,
+            REQUEST_LATENCY_BUCKETS,
+            queue,
+        ),
+        hist(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            lab,
+            REQUEST_LATENCY_BUCKETS,
+            tpot * (out_tokens - 1),
+        ),
+    ]
     if survival is not None:
         k = len(survival)
         passes = float(np.round(gen / (1 + sum(survival))))
@@ -149,13 +221,18 @@ def vllm_v1_page(
         accepted = float(sum(per_pos))
         metrics += [
             counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", lab, passes),
-            counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", lab, passes * k),
-            counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", lab, accepted),
+            counter(
+                "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", lab, passes * k
+            ),
+            counter(
+                "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", lab, accepted
+            ),
         ]
         pp = CounterMetricFamily(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
-            "Accepted tokens per draft position.", labels=["engine", "model_name", "position"],
-        )  # fmt: skip
+            "Accepted tokens per draft position.",
+            labels=["engine", "model_name", "position"],
+        )
         for i, v in enumerate(per_pos):
             pp.add_metric(["0", MODEL, str(i)], float(v))
         metrics.append(pp)
@@ -168,11 +245,20 @@ def write(name: str, moment: str, pod: str, text: str) -> None:
     path.write_text(text)
 
 
-def vllm_pair(name: str, survival: Sequence[float] | None, tpot: float, blocks: int, seed: int) -> None:
+def vllm_pair(
+    name: str, survival: Sequence[float] | None, tpot: float, blocks: int, seed: int
+) -> None:
     for p in range(2):
         for moment, reqs in (("before", 4000), ("after", 4000 + 1200)):
-            text = vllm_v1_page((seed, p), 0.0 if moment == "before" else 600.0, reqs, tpot, survival,
-                                blocks, running=6.0)  # fmt: skip
+            text = vllm_v1_page(
+                (seed, p),
+                0.0 if moment == "before" else 600.0,
+                reqs,
+                tpot,
+                survival,
+                blocks,
+                running=6.0,
+            )
             write(name, moment, f"pod-{p}", text)
 
 
@@ -184,20 +270,58 @@ def vllm_v0_pair() -> None:
         for moment, passes in (("before", 90_000.0), ("after", 120_000.0 + 1000 * p)):
             accepted = passes * 1.9
             metrics: list[Metric] = [
-                gauge("vllm:num_requests_running", "Number of requests currently running on GPU.", lab, 5),
-                gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", lab, 0),
-                gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", lab, 0.4),
-                gauge("vllm:spec_decode_draft_acceptance_rate", "Speulative token acceptance rate.", lab,
-                      1.9 / k),
-                gauge("vllm:spec_decode_efficiency", "Speculative decoding system efficiency.", lab,
-                      2.9 / (k + 1)),
-                counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", lab, accepted),
-                counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", lab, passes * k),
-                counter("vllm:spec_decode_num_emitted_tokens", "Number of emitted tokens.", lab,
-                        accepted + passes),
-                counter("vllm:generation_tokens", "Number of generation tokens processed.", lab,
-                        accepted + passes),
-            ]  # fmt: skip
+                gauge(
+                    "vllm:num_requests_running",
+                    "Number of requests currently running on GPU.",
+                    lab,
+                    5,
+                ),
+                gauge(
+                    "vllm:num_requests_waiting",
+                    "Number of requests waiting to be processed.",
+                    lab,
+                    0,
+                ),
+                gauge(
+                    "vllm:gpu_cache_usage_perc",
+                    "GPU KV-cache usage. 1 means 100 percent usage.",
+                    lab,
+                    0.4,
+                ),
+                gauge(
+                    "vllm:spec_decode_draft_acceptance_rate",
+                    "Speulative token acceptance rate.",
+                    lab,
+                    1.9 / k,
+                ),
+                gauge(
+                    "vllm:spec_decode_efficiency",
+                    "Speculative decoding system efficiency.",
+                    lab,
+                    2.9 / (k + 1),
+                ),
+                counter(
+                    "vllm:spec_decode_num_accepted_tokens",
+                    "Number of accepted tokens.",
+                    lab,
+                    accepted,
+                ),
+                counter(
+                    "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", lab, passes * k
+                ),
+                counter(
+                    "vllm:spec_decode_num_emitted_tokens",
+                    "Number of emitted tokens.",
+                    lab,
+                    accepted + passes,
+                ),
+                counter(
+                    "vllm:generation_tokens",
+                    "Number of generation tokens processed.",
+                    lab,
+                    accepted + passes,
+                ),
+            ]
             write("vllm-v0-k4", moment, f"pod-{p}", render(metrics))
 
 
@@ -207,19 +331,49 @@ def sglang_pair() -> None:
         for moment, gen in (("before", 2.0e6), ("after", 2.6e6)):
             metrics: list[Metric] = []
             for rank in ("0", "1"):
-                lab = {"model_name": MODEL, "engine_type": "unified", "tp_rank": rank, "pp_rank": "0"}
+                lab = {
+                    "model_name": MODEL,
+                    "engine_type": "unified",
+                    "tp_rank": rank,
+                    "pp_rank": "0",
+                }
                 metrics += [
                     gauge("sglang:num_running_reqs", "The number of running requests.", lab, 12),
-                    gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", lab, 1),
+                    gauge(
+                        "sglang:num_queue_reqs",
+                        "The number of requests in the waiting queue.",
+                        lab,
+                        1,
+                    ),
                     gauge("sglang:token_usage", "The token usage.", lab, 0.55),
-                    gauge("sglang:max_total_num_tokens", "Maximum total number of tokens.", lab, 412_000),
-                    gauge("sglang:spec_accept_length", "The average acceptance length of speculative decoding.",
-                          lab, 2.8 + 0.05 * p),
-                    gauge("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding.",
-                          lab, (1.8 + 0.05 * p) / 3),
-                    counter("sglang:generation_tokens", "Number of generation tokens processed.", lab, gen),
-                    counter("sglang:prompt_tokens", "Number of prefill tokens processed.", lab, gen * 2),
-                ]  # fmt: skip
+                    gauge(
+                        "sglang:max_total_num_tokens",
+                        "Maximum total number of tokens.",
+                        lab,
+                        412_000,
+                    ),
+                    gauge(
+                        "sglang:spec_accept_length",
+                        "The average acceptance length of speculative decoding.",
+                        lab,
+                        2.8 + 0.05 * p,
+                    ),
+                    gauge(
+                        "sglang:spec_accept_rate",
+                        "The average acceptance rate of speculative decoding.",
+                        lab,
+                        (1.8 + 0.05 * p) / 3,
+                    ),
+                    counter(
+                        "sglang:generation_tokens",
+                        "Number of generation tokens processed.",
+                        lab,
+                        gen,
+                    ),
+                    counter(
+                        "sglang:prompt_tokens", "Number of prefill tokens processed.", lab, gen * 2
+                    ),
+                ]
             write("sglang-eagle3", moment, f"pod-{p}", render(metrics))
 
 
@@ -233,18 +387,29 @@ def trtllm_pair() -> None:
             gauge("trtllm_num_requests_waiting", "Waiting requests.", lab0, 0),
             gauge("trtllm_kv_cache_utilization", "KV cache utilization.", lab0, 0.3),
             counter("trtllm_spec_decode_num_draft_tokens", "Draft tokens.", lab0, passes * 3),
-            counter("trtllm_spec_decode_num_accepted_tokens", "Accepted tokens.", lab0,
-                    passes * sum(survival)),
-            gauge("trtllm_spec_decode_acceptance_length", "Acceptance length.", lab0, 1 + sum(survival)),
-        ]  # fmt: skip
+            counter(
+                "trtllm_spec_decode_num_accepted_tokens",
+                "Accepted tokens.",
+                lab0,
+                passes * sum(survival),
+            ),
+            gauge(
+                "trtllm_spec_decode_acceptance_length",
+                "Acceptance length.",
+                lab0,
+                1 + sum(survival),
+            ),
+        ]
         drafted = CounterMetricFamily(
-            "trtllm_spec_decode_drafted_tokens", "Drafted tokens per position.",
+            "trtllm_spec_decode_drafted_tokens",
+            "Drafted tokens per position.",
             labels=["engine_type", "model_name", "token_position"],
-        )  # fmt: skip
+        )
         acc = CounterMetricFamily(
-            "trtllm_spec_decode_accepted_tokens", "Accepted tokens per position.",
+            "trtllm_spec_decode_accepted_tokens",
+            "Accepted tokens per position.",
             labels=["engine_type", "model_name", "token_position"],
-        )  # fmt: skip
+        )
         for i, s in enumerate(survival):
             drafted.add_metric(["trtllm", MODEL, str(i)], passes)
             acc.add_metric(["trtllm", MODEL, str(i)], round(passes * s))
