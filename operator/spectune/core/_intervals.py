@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 import numpy.typing as npt
-from scipy import special, stats
 
 from spectune.core._acceptance import _ROUNDING, _validated_counts
 from spectune.errors import InputError
@@ -65,7 +65,7 @@ def _wilson_bounds(
     x: npt.NDArray[np.float64], n: float, confidence: float
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """Vectorised Wilson bounds for successes ``x`` out of ``n > 0`` trials."""
-    z = float(special.ndtri(0.5 + confidence / 2.0))
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
     p = np.clip(x / n, 0.0, 1.0)
     z2n = z * z / n
     centre = (p + z2n / 2.0) / (1.0 + z2n)
@@ -207,6 +207,10 @@ def beta_interval(
         return ConfidenceInterval(math.nan, math.nan, confidence)
     x = min(successes, trials)
     tail = (1.0 - confidence) / 2.0
+    # scipy.stats costs over a second to import; only the Beta interval needs it, so it is
+    # imported here rather than at start-up of every spectune command.
+    from scipy import stats
+
     post = stats.beta(x + a, trials - x + b)
     low = 0.0 if x == 0 else float(post.ppf(tail))
     high = 1.0 if x == trials else float(post.ppf(1.0 - tail))
