@@ -81,9 +81,8 @@ def main() -> None:
         inproc = statistics.median(runs)
     print(f"pods: {args.pods} (+{args.pods} baseline), pages: {4 * args.pods}")
     print(f"spectune --version (start-up baseline): {startup * 1e3:8.1f} ms")
-    print(
-        f"spectune diagnose --json:               {whole * 1e3:8.1f} ms  ({whole / startup:.2f}× start-up)"
-    )
+    ratio = whole / startup
+    print(f"spectune diagnose --json:               {whole * 1e3:8.1f} ms  ({ratio:.2f}× start-up)")
     print(f"in-process parse+window+diagnose:       {inproc * 1e3:8.1f} ms")
 
 
