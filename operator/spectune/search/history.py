@@ -1,0 +1,168 @@
+"""The trial history: everything measured, in the order it happened.
+
+The history is the policy's only memory (STYLE.md, "Algorithms that survive a restart"):
+the controller appends to it, the operator stores it in the SpecTuning status, and the
+policy rebuilds every estimate from it on each decision. So a restarted controller that
+reloads the history reaches the same decision without repeating a finished trial.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from spectune.search.objective import WindowStats
+
+__all__ = ["History", "Outcome", "TrialRecord", "WindowRecord"]
+
+
+class Outcome(enum.Enum):
+    """How a trial ended."""
+
+    RUNNING = "running"
+    MEASURED = "measured"
+    ABORTED = "aborted"  # a guardrail fired
+    INFEASIBLE = "infeasible"  # the arm could not start
+
+
+@dataclass(frozen=True)
+class WindowRecord:
+    """One window: the incumbent's figures and, during a trial, the canary's."""
+
+    start_s: float
+    end_s: float
+    incumbent: WindowStats | None
+    canary: WindowStats | None = None
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One arm tried on the canary against the incumbent, window by window."""
+
+    arm: str
+    incumbent: str
+    epoch: int
+    started_s: float
+    outcome: Outcome = Outcome.RUNNING
+    reason: str = ""
+    windows: tuple[WindowRecord, ...] = ()
+
+    def with_window(self, w: WindowRecord) -> TrialRecord:
+        """This trial with one more window."""
+        return replace(self, windows=(*self.windows, w))
+
+    def ended(self, outcome: Outcome, reason: str) -> TrialRecord:
+        """This trial, finished."""
+        return replace(self, outcome=outcome, reason=reason)
+
+
+@dataclass(frozen=True)
+class History:
+    """Trials and incumbent-only windows, grouped by epoch.
+
+    An epoch starts at every re-tune (model version, routes, schedule, drift): evidence
+    from earlier epochs may warm-start the model, but new windows are trusted over it.
+    """
+
+    trials: tuple[TrialRecord, ...] = ()
+    baseline: tuple[tuple[int, WindowRecord], ...] = ()
+    epoch: int = 0
+    promotions: tuple[tuple[int, str], ...] = field(default=())
+
+    def in_epoch(self, epoch: int | None = None) -> tuple[TrialRecord, ...]:
+        """The trials of one epoch (the current one by default)."""
+        e = self.epoch if epoch is None else epoch
+        return tuple(t for t in self.trials if t.epoch == e)
+
+    def baseline_windows(self, epoch: int | None = None) -> tuple[WindowRecord, ...]:
+        """Incumbent-only windows of one epoch."""
+        e = self.epoch if epoch is None else epoch
+        return tuple(w for ep, w in self.baseline if ep == e)
+
+    def add_trial(self, t: TrialRecord) -> History:
+        """The history with a new trial."""
+        return replace(self, trials=(*self.trials, t))
+
+    def update_last(self, t: TrialRecord) -> History:
+        """The history with its last trial replaced."""
+        return replace(self, trials=(*self.trials[:-1], t))
+
+    def add_baseline(self, w: WindowRecord) -> History:
+        """The history with one more incumbent-only window."""
+        return replace(self, baseline=(*self.baseline, (self.epoch, w)))
+
+    def new_epoch(self) -> History:
+        """The history at the start of a re-tune."""
+        return replace(self, epoch=self.epoch + 1)
+
+    def promoted(self, arm: str) -> History:
+        """The history with a promotion recorded."""
+        return replace(self, promotions=(*self.promotions, (self.epoch, arm)))
+
+    # -- serialisation (the SpecTuning status stores this) ----------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict (NaN becomes None)."""
+        return _clean(asdict(self))
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> History:
+        """Rebuild a history from :meth:`to_json`'s output."""
+        trials = tuple(_trial(t) for t in doc.get("trials", ()))
+        baseline = tuple((int(e), _window(w)) for e, w in doc.get("baseline", ()))
+        promotions = tuple((int(e), str(a)) for e, a in doc.get("promotions", ()))
+        return cls(trials, baseline, int(doc.get("epoch", 0)), promotions)
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if isinstance(v, enum.Enum):
+        return v.value
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def _stats(doc: Mapping[str, Any] | None) -> WindowStats | None:
+    if doc is None:
+        return None
+    values: dict[str, Any] = {}
+    for f in fields(WindowStats):
+        raw = doc.get(f.name)
+        if f.name == "accepted_per_pos":
+            values[f.name] = tuple(float(x) for x in (raw or ()))
+        elif f.name in ("k", "pods"):
+            values[f.name] = int(raw or 0)
+        elif f.name == "num_gpu_blocks":
+            values[f.name] = None if raw is None else int(raw)
+        else:
+            values[f.name] = math.nan if raw is None else float(raw)
+    return WindowStats(**values)
+
+
+def _window(doc: Mapping[str, Any]) -> WindowRecord:
+    return WindowRecord(
+        float(doc["start_s"]),
+        float(doc["end_s"]),
+        _stats(doc.get("incumbent")),
+        _stats(doc.get("canary")),
+    )
+
+
+def _trial(doc: Mapping[str, Any]) -> TrialRecord:
+    windows: Sequence[Mapping[str, Any]] = doc.get("windows", ())
+    return TrialRecord(
+        arm=str(doc["arm"]),
+        incumbent=str(doc["incumbent"]),
+        epoch=int(doc["epoch"]),
+        started_s=float(doc["started_s"]),
+        outcome=Outcome(doc.get("outcome", "running")),
+        reason=str(doc.get("reason", "")),
+        windows=tuple(_window(w) for w in windows),
+    )

@@ -1,0 +1,170 @@
+"""What "better" means for one deployment: the objective metric and its guardrails.
+
+The SpecTuning's ``objective`` (and a scenario's) becomes an :class:`Objective`; the policy
+ranks arms by it, the controller checks guardrails with it, and the bench scores runs with
+it. :func:`window_stats` turns one group's :class:`~spectune.metrics.Observation` into the
+figures every later step needs, so they are computed in one place.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from spectune.metrics.observation import Histogram, Observation
+
+__all__ = ["Guardrails", "Metric", "Objective", "WindowStats", "quantile_interval", "window_stats"]
+
+
+class Metric(enum.Enum):
+    """Objective metrics (SpecTuning ``objective.metric``)."""
+
+    TPOT_P95 = "tpotP95"
+    E2E_P95 = "e2eP95"
+    TTFT_P95 = "ttftP95"
+    OUTPUT_TOKENS_PER_SECOND = "outputTokensPerSecond"
+    GOODPUT = "goodput"
+
+    @property
+    def minimise(self) -> bool:
+        """Whether smaller is better."""
+        return self in (Metric.TPOT_P95, Metric.E2E_P95, Metric.TTFT_P95)
+
+    @classmethod
+    def parse(cls, text: str) -> Metric:
+        """The metric named ``text``; a clear error lists the valid names."""
+        for m in cls:
+            if m.value == text:
+                return m
+        valid = ", ".join(m.value for m in cls)
+        from spectune.errors import SpecError
+
+        raise SpecError(f"objective.metric: unknown metric {text!r}; valid metrics: {valid}")
+
+
+@dataclass(frozen=True)
+class Guardrails:
+    """Largest tolerated relative regressions of a trial against the incumbent (0.2 = 20 %)."""
+
+    max_ttft_p95_regression: float | None = 0.2
+    max_queue_p95_regression: float | None = 0.2
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The metric to optimise and the guardrails to respect while exploring."""
+
+    metric: Metric = Metric.TPOT_P95
+    guardrails: Guardrails = field(default_factory=Guardrails)
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """One group's figures over one window (all latencies in seconds).
+
+    ``objective_low``/``objective_high`` bound the objective at 95 % where it is a
+    quantile (from the histogram's order statistics); NaN when unknown.
+    """
+
+    objective: float
+    objective_low: float
+    objective_high: float
+    requests: float
+    tpot_mean: float
+    tpot_p95: float
+    ttft_p95: float
+    ttft_p95_low: float
+    ttft_p95_high: float
+    queue_p95: float
+    queue_p95_low: float
+    queue_p95_high: float
+    e2e_p95: float
+    tokens_per_s: float
+    running: float
+    pods: int
+    k: int
+    drafts: float
+    accepted_per_pos: tuple[float, ...]
+    mean_accepted_length: float
+    num_gpu_blocks: int | None
+    preemptions: float
+
+
+def quantile_interval(
+    h: Histogram | None, q: float, z: float = 1.96
+) -> tuple[float, float, float]:
+    """A quantile and a distribution-free interval from the ranks of its order statistics.
+
+    The rank of the ``q`` quantile among ``n`` observations is binomial with mean ``n·q``
+    and variance ``n·q·(1−q)``; reading the histogram at ranks ``n·q ± z·√(n·q(1−q))``
+    bounds the quantile. Returns ``(estimate, low, high)``, all NaN without data.
+    """
+    if h is None or h.count <= 0:
+        return math.nan, math.nan, math.nan
+    n = h.count
+    half = z * math.sqrt(n * q * (1 - q))
+    lo_q = max(0.0, (n * q - half) / n)
+    hi_q = min(1.0, (n * q + half) / n)
+    return h.quantile(q), h.quantile(lo_q), h.quantile(hi_q)
+
+
+def _mean(h: Histogram | None) -> float:
+    return h.mean if h is not None else math.nan
+
+
+def window_stats(obs: Observation, objective: Objective) -> WindowStats:
+    """The figures of one group's observation, with the objective's value."""
+    tpot95, tpot_lo, tpot_hi = quantile_interval(obs.tpot, 0.95)
+    ttft95, ttft_lo, ttft_hi = quantile_interval(obs.ttft, 0.95)
+    queue95, queue_lo, queue_hi = quantile_interval(obs.queue, 0.95)
+    e2e95, e2e_lo, e2e_hi = quantile_interval(obs.e2e, 0.95)
+    window = obs.window_s or math.nan
+    tokens_per_s = (obs.generation_tokens or 0.0) / window if obs.window_s else math.nan
+    by_metric = {
+        Metric.TPOT_P95: (tpot95, tpot_lo, tpot_hi),
+        Metric.TTFT_P95: (ttft95, ttft_lo, ttft_hi),
+        Metric.E2E_P95: (e2e95, e2e_lo, e2e_hi),
+        # Throughput per pod, so a canary of one pod compares with an incumbent of three.
+        Metric.OUTPUT_TOKENS_PER_SECOND: (
+            tokens_per_s / max(len(obs.pods), 1),
+            math.nan,
+            math.nan,
+        ),
+        Metric.GOODPUT: (tokens_per_s / max(len(obs.pods), 1), math.nan, math.nan),
+    }
+    value, low, high = by_metric[objective.metric]
+    spec = obs.spec
+    per_pos = spec.accepted_per_pos if spec is not None and spec.accepted_per_pos else ()
+    drafts = spec.drafts if spec is not None and spec.drafts else 0.0
+    accepted = spec.accepted if spec is not None and spec.accepted is not None else 0.0
+    if drafts > 0:
+        mal = 1.0 + accepted / drafts
+    elif obs.accept_length_gauge is not None:
+        mal = obs.accept_length_gauge
+    else:
+        mal = 1.0
+    return WindowStats(
+        objective=value,
+        objective_low=low,
+        objective_high=high,
+        requests=obs.tpot.count if obs.tpot is not None else 0.0,
+        tpot_mean=_mean(obs.tpot),
+        tpot_p95=tpot95,
+        ttft_p95=ttft95,
+        ttft_p95_low=ttft_lo,
+        ttft_p95_high=ttft_hi,
+        queue_p95=queue95,
+        queue_p95_low=queue_lo,
+        queue_p95_high=queue_hi,
+        e2e_p95=e2e95,
+        tokens_per_s=tokens_per_s,
+        running=obs.running if obs.running is not None else math.nan,
+        pods=len(obs.pods),
+        k=len(per_pos),
+        drafts=drafts,
+        accepted_per_pos=tuple(per_pos),
+        mean_accepted_length=mal,
+        num_gpu_blocks=obs.num_gpu_blocks,
+        preemptions=obs.preemptions or 0.0,
+    )
