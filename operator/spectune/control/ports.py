@@ -1,4 +1,4 @@
-"""The ports the tuning loop drives: where arms are applied, where metrics come from, what time it is.
+"""The ports the tuning loop drives: where arms go, where metrics come from, what time it is.
 
 The controller (``control/controller.py``) is written once against these small Protocols and
 driven by two bodies: the operator (Kubernetes Deployments, Prometheus or pod scrape, the

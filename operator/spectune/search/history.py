@@ -106,7 +106,8 @@ class History:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict (NaN becomes None)."""
-        return _clean(asdict(self))
+        doc: dict[str, Any] = _clean(asdict(self))
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> History:

@@ -1,0 +1,350 @@
+"""The tuning loop: observe, record, decide, apply, watch — once, for every body.
+
+The operator's daemon and the bench's harness both build a :class:`Controller` over their
+ports and call :meth:`Controller.step` until they stop. A step does one thing (one window
+observed, one arm applied, or one wait) and returns, so a body can persist the history and
+the state between steps; a controller rebuilt from those continues where the old one left
+off without repeating a finished trial.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from spectune.control.ports import Actuator, Clock, Deployment, Group, GroupMetrics
+from spectune.core import wilson_interval
+from spectune.search.arms import Arm, parse_arm
+from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
+from spectune.search.objective import Objective, WindowStats, window_stats
+from spectune.search.policy import Decision, DecisionKind, Policy, SearchSpace, TuningContext
+
+__all__ = ["Controller", "ControllerConfig", "ControllerState", "Event", "Phase"]
+
+
+class Phase(enum.Enum):
+    """The SpecTuning phases (DESIGN.md §3)."""
+
+    BASELINE = "Baseline"
+    EXPLORING = "Exploring"
+    MONITORING = "Monitoring"
+    DRIFTED = "Drifted"
+
+
+class DriftAction(enum.Enum):
+    """What a confirmed acceptance drift does."""
+
+    ALERT = "alert"
+    RETUNE = "retune"
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Timing and thresholds of the loop (SpecTuning ``search`` and ``retune``)."""
+
+    window_s: float = 300.0
+    """Length of one measurement window, seconds."""
+    poll_s: float = 15.0
+    """How often to look again while waiting for a rollout."""
+    ready_timeout_s: float = 1800.0
+    """A canary not ready after this long is marked infeasible."""
+    max_trials: int = 12
+    epsilon: float = 0.02
+    delta: float = 0.05
+    drift_threshold: float = 0.15
+    """Relative drop of first-position acceptance that counts as drift."""
+    drift_for_s: float = 1800.0
+    """...sustained this long."""
+    drift_action: DriftAction = DriftAction.RETUNE
+    retune_every_s: float | None = None
+    load_shift: float = 1.6
+    """A sustained change of the running batch by this factor re-opens the search."""
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    """What the loop remembers besides the history (stored with it in the status)."""
+
+    phase: Phase = Phase.BASELINE
+    model_version: str | None = None
+    routes: str | None = None
+    reference_acceptance: float | None = None
+    reference_running: float | None = None
+    drift_since_s: float | None = None
+    shift_since_s: float | None = None
+    converged_at_s: float | None = None
+    trial_started_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something a user should see (a Kubernetes Event, a line in the demo)."""
+
+    at_s: float
+    reason: str
+    message: str
+
+
+@dataclass
+class Controller:
+    """One SpecTuning's tuning loop over ports."""
+
+    policy: Policy
+    actuator: Actuator
+    metrics: GroupMetrics
+    clock: Clock
+    space: SearchSpace
+    objective: Objective
+    config: ControllerConfig = field(default_factory=ControllerConfig)
+    history: History = field(default_factory=History)
+    state: ControllerState = field(default_factory=ControllerState)
+    on_event: Callable[[Event], None] | None = None
+    last_decision: Decision | None = None
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _event(self, reason: str, message: str) -> None:
+        if self.on_event is not None:
+            self.on_event(Event(self.clock.now(), reason, message))
+
+    def _context(self, incumbent: Arm) -> TuningContext:
+        return TuningContext(
+            space=self.space,
+            objective=self.objective,
+            incumbent=incumbent,
+            now_s=self.clock.now(),
+            max_trials=self.config.max_trials,
+            epsilon=self.config.epsilon,
+            delta=self.config.delta,
+            seed=self.config.seed,
+        )
+
+    def _running(self) -> TrialRecord | None:
+        trials = self.history.in_epoch()
+        if trials and trials[-1].outcome is Outcome.RUNNING:
+            return trials[-1]
+        return None
+
+    async def _observe(self) -> tuple[float, dict[Group, WindowStats]]:
+        start = self.clock.now()
+        groups = await self.metrics.observe(self.config.window_s)
+        return start, {g: window_stats(o, self.objective) for g, o in groups.items()}
+
+    # -- re-triggers ------------------------------------------------------------------------
+
+    async def _retrigger(self, dep: Deployment) -> bool:
+        """Open a new epoch when the model or the routes changed; True if it did."""
+        st = self.state
+        if st.model_version is None:
+            self.state = replace(st, model_version=dep.model_version, routes=dep.routes)
+            return False
+        why = None
+        if dep.model_version != st.model_version:
+            why = f"model version changed {st.model_version} → {dep.model_version}"
+        elif dep.routes and st.routes and dep.routes != st.routes:
+            why = "traffic routes changed"
+        if why is None:
+            return False
+        await self._retune(why)
+        self.state = replace(self.state, model_version=dep.model_version, routes=dep.routes)
+        return True
+
+    async def _retune(self, why: str) -> None:
+        running = self._running()
+        if running is not None:
+            self.history = self.history.update_last(running.ended(Outcome.ABORTED, why))
+            await self.actuator.stop_canary()
+        self.history = self.history.new_epoch()
+        self.state = replace(
+            self.state,
+            phase=Phase.BASELINE,
+            drift_since_s=None,
+            shift_since_s=None,
+            trial_started_s=None,
+        )
+        self._event("Retune", f"re-opening the search: {why}")
+
+    # -- the step -----------------------------------------------------------------------------
+
+    async def step(self) -> None:
+        """Do one thing: observe a window, apply an arm, or wait for a rollout."""
+        dep = await self.actuator.deployment()
+        if await self._retrigger(dep):
+            return
+        if dep.rolling:
+            await self.clock.sleep(self.config.poll_s)
+            return
+        phase = self.state.phase
+        if phase is Phase.BASELINE:
+            await self._baseline_window()
+            self.state = replace(self.state, phase=Phase.EXPLORING)
+        elif phase is Phase.EXPLORING:
+            await self._explore(dep)
+        else:
+            await self._monitor(dep)
+
+    async def _baseline_window(self) -> WindowRecord:
+        start, stats = await self._observe()
+        w = WindowRecord(
+            start, self.clock.now(), stats.get(Group.INCUMBENT), stats.get(Group.CANARY)
+        )
+        self.history = self.history.add_baseline(w)
+        return w
+
+    async def _explore(self, dep: Deployment) -> None:
+        running = self._running()
+        if running is not None:
+            if dep.canary_failure:
+                self._end_running(Outcome.INFEASIBLE, dep.canary_failure)
+                await self.actuator.stop_canary()
+                self._event("TrialInfeasible", f"{running.arm}: {dep.canary_failure}")
+            elif not dep.canary_ready or (
+                dep.canary is not None and dep.canary.name != running.arm
+            ):
+                started = self.state.trial_started_s or self.clock.now()
+                if self.clock.now() - started > self.config.ready_timeout_s:
+                    self._end_running(Outcome.INFEASIBLE, "canary never became ready")
+                    await self.actuator.stop_canary()
+                else:
+                    await self.clock.sleep(self.config.poll_s)
+                return
+            else:
+                start, stats = await self._observe()
+                w = WindowRecord(
+                    start, self.clock.now(), stats.get(Group.INCUMBENT), stats.get(Group.CANARY)
+                )
+                self.history = self.history.update_last(running.with_window(w))
+        decision = self.policy.decide(self._context(dep.incumbent), self.history)
+        self.last_decision = decision
+        await self._act(decision, dep)
+
+    def _end_running(self, outcome: Outcome, reason: str) -> None:
+        running = self._running()
+        if running is not None:
+            self.history = self.history.update_last(running.ended(outcome, reason))
+
+    async def _act(self, d: Decision, dep: Deployment) -> None:
+        running = self._running()
+        if running is not None and d.end_running is not None:
+            self._end_running(d.end_running, d.reason)
+            if d.end_running is Outcome.ABORTED:
+                self._event("TrialAborted", f"{running.arm}: {d.reason}")
+            running = None
+        if d.kind is DecisionKind.TRIAL and d.arm is not None:
+            if running is not None and running.arm == d.arm.name:
+                return  # keep measuring the same trial next step
+            if running is not None:
+                self._end_running(Outcome.MEASURED, "next arm chosen")
+            trial = TrialRecord(
+                arm=d.arm.name,
+                incumbent=dep.incumbent.name,
+                epoch=self.history.epoch,
+                started_s=self.clock.now(),
+            )
+            self.history = self.history.add_trial(trial)
+            self.state = replace(self.state, trial_started_s=self.clock.now())
+            await self.actuator.start_canary(d.arm)
+            self._event("TrialStarted", f"{d.arm.name} on the canary: {d.reason}")
+        elif d.kind is DecisionKind.PROMOTE and d.arm is not None:
+            if running is not None:
+                self._end_running(Outcome.MEASURED, "search finished")
+            await self.actuator.stop_canary()
+            if d.arm.name != dep.incumbent.name:
+                await self.actuator.promote(d.arm)
+            self.history = self.history.promoted(d.arm.name)
+            self.state = replace(
+                self.state,
+                phase=Phase.MONITORING,
+                converged_at_s=self.clock.now(),
+                reference_acceptance=None,
+                reference_running=None,
+                drift_since_s=None,
+                shift_since_s=None,
+            )
+            self._event("Promoted", f"{d.arm.name}: {d.reason}")
+        else:
+            await self._baseline_window()
+
+    # -- monitoring ---------------------------------------------------------------------------
+
+    async def _monitor(self, dep: Deployment) -> None:
+        w = await self._baseline_window()
+        now = self.clock.now()
+        inc = w.incumbent
+        if inc is None:
+            return
+        st = self.state
+        p1 = _first_position(inc)
+        if st.reference_acceptance is None or st.reference_running is None:
+            # The first full window on the promoted setting is the reference.
+            self.state = replace(st, reference_acceptance=p1, reference_running=inc.running)
+            return
+        cfg = self.config
+        converged = st.converged_at_s
+        if cfg.retune_every_s and converged is not None and now - converged >= cfg.retune_every_s:
+            await self._retune(f"scheduled re-measure every {cfg.retune_every_s:g}s")
+            return
+        # Drift: the first-position acceptance fell below the reference by the threshold,
+        # with confidence (the Wilson upper bound is below the line), for long enough.
+        drifted = False
+        if st.reference_acceptance is not None and not math.isnan(st.reference_acceptance):
+            line = st.reference_acceptance * (1 - cfg.drift_threshold)
+            upper = _first_position_upper(inc)
+            drifted = not math.isnan(upper) and upper < line
+        if drifted:
+            since = st.drift_since_s if st.drift_since_s is not None else w.start_s
+            self.state = replace(self.state, drift_since_s=since)
+            if now - since >= cfg.drift_for_s and st.phase is not Phase.DRIFTED:
+                msg = (
+                    f"acceptance P(L≥1) {p1:.3f} is more than {cfg.drift_threshold:.0%} below "
+                    f"{st.reference_acceptance:.3f} for {now - since:.0f}s"
+                )
+                self._event("AcceptanceDrift", msg)
+                if cfg.drift_action is DriftAction.RETUNE:
+                    await self._retune(msg)
+                    return
+                self.state = replace(self.state, phase=Phase.DRIFTED)
+        else:
+            self.state = replace(self.state, drift_since_s=None)
+            if st.phase is Phase.DRIFTED:
+                self.state = replace(self.state, phase=Phase.MONITORING)
+        # Load: a sustained change of the batch size moves the optimum (DESIGN.md §1.4).
+        ref_b = st.reference_running
+        if ref_b and ref_b > 0 and inc.running > 0 and not math.isnan(inc.running):
+            ratio = inc.running / ref_b
+            if ratio > cfg.load_shift or ratio < 1 / cfg.load_shift:
+                since = st.shift_since_s if st.shift_since_s is not None else w.start_s
+                self.state = replace(self.state, shift_since_s=since)
+                if now - since >= 2 * cfg.window_s:
+                    await self._retune(
+                        f"running batch moved from {ref_b:.1f} to {inc.running:.1f} per pod"
+                    )
+            else:
+                self.state = replace(self.state, shift_since_s=None)
+
+    async def run(self, until_s: float) -> None:
+        """Step until the clock reaches ``until_s``."""
+        while self.clock.now() < until_s:
+            await self.step()
+
+    @property
+    def incumbent_arm(self) -> Arm | None:
+        """The arm last promoted in this history, if any."""
+        if not self.history.promotions:
+            return None
+        return parse_arm(self.history.promotions[-1][1])
+
+
+def _first_position(s: WindowStats) -> float:
+    if s.drafts > 0 and s.accepted_per_pos:
+        return s.accepted_per_pos[0] / s.drafts
+    return math.nan
+
+
+def _first_position_upper(s: WindowStats) -> float:
+    if s.drafts > 0 and s.accepted_per_pos:
+        return wilson_interval(s.accepted_per_pos[0], s.drafts).high
+    return math.nan
