@@ -91,9 +91,7 @@ class WindowStats:
     preemptions: float
 
 
-def quantile_interval(
-    h: Histogram | None, q: float, z: float = 1.96
-) -> tuple[float, float, float]:
+def quantile_interval(h: Histogram | None, q: float, z: float = 1.96) -> tuple[float, float, float]:
     """A quantile and a distribution-free interval from the ranks of its order statistics.
 
     The rank of the ``q`` quantile among ``n`` observations is binomial with mean ``n·q``
