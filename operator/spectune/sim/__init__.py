@@ -19,7 +19,7 @@ from spectune.sim.fleet import (
     ReplicaState,
     RequestRecord,
 )
-from spectune.sim.scenario import Scenario, load_scenario
+from spectune.sim.scenario import Scenario, load_scenario, scenario_from_mapping
 from spectune.sim.summary import Summary, summarise
 
 __all__ = [
@@ -32,5 +32,6 @@ __all__ = [
     "Scenario",
     "Summary",
     "load_scenario",
+    "scenario_from_mapping",
     "summarise",
 ]

@@ -7,18 +7,23 @@ is DESIGN.md §4: each step runs ``k`` draft forwards and one verification forwa
 budget; each decode request accepts a prefix of its drafts with per-request Beta
 acceptance and positional decay, and emits the accepted tokens plus one bonus token.
 
+KV blocks: a decoding sequence of ``ctx`` tokens holds ``⌈(ctx + K + 1) / block_size⌉``
+blocks (its tokens plus the ``K + 1`` slots a step may write, as vLLM reserves lookahead
+slots for ``num_speculative_tokens``), so its holding is a function of ``ctx`` and is
+computed, not tracked; prefilling sequences hold the blocks of the chunks computed so far.
+Before each step the pool must cover every sequence; if it does not, the most recently
+admitted sequence is preempted (recompute) until it does.
+
 Speed comes from skipping ahead. While the batch does not change (no prefill in flight,
 nobody admissible in the queue, no arrival due), the next many steps differ only in how
 many tokens each request accepts, so they are drawn and accounted for in one vectorised
-block; the block ends at the first step where a request finishes, the KV pool would run
-out, or the caller's horizon is reached. Steps that change the batch (admission, chunked
-prefill, preemption) run one at a time. Both paths share the same formulas, so the result
-is exactly that of a step-by-step loop with the same draws.
+block; the block ends after the first step in which a request finishes, before the first
+step the KV pool cannot hold, or before the caller's horizon. Steps that change the batch
+(admission, chunked prefill, preemption) run one at a time with the same formulas.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Mapping
 
@@ -35,7 +40,7 @@ from spectune.sim.traffic import Request
 __all__ = ["Engine"]
 
 _I64 = np.int64
-_MAX_DRAWS = 65536  # draws per skip-ahead block (steps × requests × draft positions)
+_MAX_DRAWS = 65536  # most draws in one skip-ahead block (steps × requests × positions)
 
 
 class Engine:
@@ -79,16 +84,17 @@ class Engine:
         self._positions = positions
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
-        self.used = 0  # KV blocks held by every admitted request
+        self.pf_used = 0  # KV blocks held by prefilling requests
         # the decode set, as parallel arrays in admission order (the last is preempted first)
         self.reqs: list[Request] = []
         k_cols = max(arm.k, 1)
         self.ctx: NDArray[np.int64] = np.zeros(0, dtype=_I64)
-        self.rem: NDArray[np.int64] = np.zeros(0, dtype=_I64)
-        self.held: NDArray[np.int64] = np.zeros(0, dtype=_I64)
-        self.passes: NDArray[np.int64] = np.zeros(0, dtype=_I64)
-        self.acc: NDArray[np.int64] = np.zeros(0, dtype=_I64)
+        self.end: NDArray[np.int64] = np.zeros(0, dtype=_I64)  # ctx at which each finishes
         self.surv: NDArray[np.float64] = np.zeros((0, k_cols), dtype=float)
+        self.etok: NDArray[np.float64] = np.zeros(0, dtype=float)  # E[tokens per pass] at K
+        self.ctx_sum = 0  # Σ ctx of the decode set, as a Python int
+        self.pass_clock = 0  # verification passes with drafts so far (per decode sequence)
+        self._affine: dict[tuple[int, int], tuple[float, float]] = {}
         self.finished: list[Request] = []
 
     # --- the outside: queue, state ----------------------------------------------------
@@ -129,6 +135,18 @@ class Engine:
         """Requests the engine holds: running plus waiting."""
         return len(self.reqs) + len(self.prefilling) + len(self.waiting)
 
+    @property
+    def used(self) -> int:
+        """KV blocks held now (decoding plus prefilling sequences)."""
+        bs = self.block_size
+        return int(((self.ctx + (self.k_max + bs)) // bs).sum()) + self.pf_used
+
+    def _used_bound(self, extra_tokens_each: int = 0) -> int:
+        """An upper bound of :attr:`used` after each sequence grows by ``extra_tokens_each``."""
+        b = len(self.reqs)
+        grown = self.ctx_sum + b * (self.k_max + 1 + extra_tokens_each)
+        return grown // self.block_size + b + self.pf_used
+
     def kv_usage(self) -> float:
         """Fraction of KV blocks in use."""
         return self.used / self.pool if self.pool else 0.0
@@ -146,30 +164,27 @@ class Engine:
                 self.now = until
                 return
             k = min(self.k_now(), self.k_max)
-            self._reserve(k)
+            self._make_room()
             if self.prefilling or self._can_admit(k):
                 self._mixed_step(k)
             elif self.reqs:
-                self._run(k, _MAX_DRAWS, until)
+                self._run(k, until)
             else:  # pragma: no cover - start-up check guarantees one sequence fits
                 self.now = until
                 return
 
     # --- scheduling -----------------------------------------------------------------
 
-    def _reserve(self, k: int) -> None:
-        """Give every decoding sequence the blocks this step writes; preempt if short."""
-        if not self.reqs:
-            return
-        bs = self.block_size
-        while self.reqs:
-            need = (self.ctx + (k + bs)) // bs
-            extra = int(np.maximum(need - self.held, 0).sum())
-            if extra <= self.pool - self.used:
-                self.held = np.maximum(self.held, need)
-                self.used += extra
-                return
+    def _make_room(self) -> None:
+        """Preempt from the back until the pool holds every sequence's next step."""
+        while self.reqs and self._used_bound() > self.pool and self.used > self.pool:
             self._preempt_last()
+
+    def _free(self, blocks: int) -> bool:
+        """Whether ``blocks`` more blocks fit in the pool now."""
+        if self._used_bound() + blocks <= self.pool:
+            return True
+        return self.used + blocks <= self.pool
 
     def _can_admit(self, k: int) -> bool:
         if not self.waiting or self.running >= self.max_seqs:
@@ -177,19 +192,20 @@ class Engine:
         budget = self.max_batched - len(self.reqs) * (k + 1)
         if budget <= 0:
             return False
-        head = self.waiting[0]
-        chunk = min(head.to_compute, budget)
-        return -(-chunk // self.block_size) <= self.pool - self.used
+        chunk = min(self.waiting[0].to_compute, budget)
+        return self._free(-(-chunk // self.block_size))
 
     def _preempt_last(self) -> None:
         """Recompute preemption of the most recently admitted request (vLLM V1)."""
         if self.prefilling:
             req = self.prefilling.pop()
+            self.pf_used -= req.held
         else:
             i = len(self.reqs) - 1
             req = self._write_back(i)
-            self._drop(np.arange(len(self.reqs)) != i)
-        self.used -= req.held
+            keep = np.ones(len(self.reqs), dtype=bool)
+            keep[i] = False
+            self._drop(keep)
         req.held = 0
         req.computed = 0
         req.to_compute = req.prompt + req.generated
@@ -209,10 +225,10 @@ class Engine:
                 break
             chunk = min(req.to_compute - req.computed, budget)
             need = -(-(req.computed + chunk) // bs) - req.held
-            if need > self.pool - self.used:
+            if not self._free(need):
                 break
             req.held += need
-            self.used += need
+            self.pf_used += need
             req.computed += chunk
             budget -= chunk
             pf_tokens += chunk
@@ -223,13 +239,13 @@ class Engine:
             req = self.waiting[0]
             chunk = min(req.to_compute, budget)
             need = -(-chunk // bs)
-            if need > self.pool - self.used:
+            if not self._free(need):
                 break
             self.waiting.popleft()
             if req.scheduled < 0:
                 req.scheduled = self.now
             req.held = need
-            self.used += need
+            self.pf_used += need
             req.computed = chunk
             budget -= chunk
             pf_tokens += chunk
@@ -241,7 +257,7 @@ class Engine:
             # Prefills block one another on blocks: make room as vLLM does, from the back.
             self._preempt_last()
             return
-        self._run(k, 1, math.inf, pf_tokens, pf_ctx, len(completing))
+        self._step(k, pf_tokens, pf_ctx, len(completing))
         if completing:
             self._complete_prefills(completing)
 
@@ -252,6 +268,8 @@ class Engine:
         joining: list[Request] = []
         for req in done:
             self.prefilling.remove(req)
+            self.pf_used -= req.held
+            req.held = 0
             req.generated += 1
             if req.first_token < 0:
                 req.first_token = now
@@ -262,24 +280,22 @@ class Engine:
                 stats.prompt_tokens += req.prompt
                 stats.prefix_queries += req.prompt
             if req.generated >= req.output:
-                self.used -= req.held
                 self._finish(req)
             else:
+                req.joined_clock = self.pass_clock
                 joining.append(req)
         if not joining:
             return
-        ctx = np.array([r.prompt + r.generated for r in joining], dtype=_I64)
-        rem = np.array([r.output - r.generated for r in joining], dtype=_I64)
-        held = np.array([r.held for r in joining], dtype=_I64)
+        ctx = [r.prompt + r.generated for r in joining]
         surv = np.stack([self._survival(r) for r in joining])
-        zeros = np.zeros(len(joining), dtype=_I64)
         self.reqs.extend(joining)
-        self.ctx = np.concatenate((self.ctx, ctx))
-        self.rem = np.concatenate((self.rem, rem))
-        self.held = np.concatenate((self.held, held))
-        self.passes = np.concatenate((self.passes, zeros))
-        self.acc = np.concatenate((self.acc, zeros))
+        self.ctx = np.concatenate((self.ctx, np.array(ctx, dtype=_I64)))
+        self.end = np.concatenate(
+            (self.end, np.array([r.prompt + r.output for r in joining], dtype=_I64))
+        )
         self.surv = np.concatenate((self.surv, surv))
+        self.etok = np.concatenate((self.etok, 1.0 + surv.sum(axis=1)))
+        self.ctx_sum += sum(ctx)
 
     def _survival(self, req: Request) -> NDArray[np.float64]:
         """``P(L ≥ i)`` for i = 1..K: ``Π_{j≤i} α·decay^(j−1) = α^i · decay^(i(i−1)/2)``."""
@@ -291,19 +307,28 @@ class Engine:
 
     # --- stepping ---------------------------------------------------------------------
 
-    def _run(
-        self,
-        k: int,
-        max_steps: int,
-        until: float,
-        pf_tokens: int = 0,
-        pf_ctx: int = 0,
-        extra_gen: int = 0,
-    ) -> None:
-        """Run up to ``max_steps`` steps of the current batch (one step when prefilling)."""
+    def _coefficients(self, b: int, k: int) -> tuple[float, float]:
+        """Step time of a pure decode step as ``a + c·C`` (C: total context of the batch)."""
+        key = (b, k)
+        hit = self._affine.get(key)
+        if hit is not None:
+            return hit
         phys = self.physics
-        tgt = phys.target
-        draft = phys.draft
+        tgt, draft = phys.target, phys.draft
+        a = tgt.overhead_s + max(tgt.weights_s, tgt.per_token_s * (b * (k + 1)))
+        c = tgt.per_context_s
+        if k > 0:
+            if draft is not None:
+                a += k * (draft.overhead_s + max(draft.weights_s, draft.per_token_s * b))
+                c += k * draft.per_context_s
+            a += phys.draft_cpu_s
+        self._affine[key] = (a, c)
+        return a, c
+
+    def _step(self, k: int, pf_tokens: int, pf_ctx: int, pf_done: int) -> None:
+        """One step carrying ``pf_tokens`` of prefill (``pf_done`` prefills complete in it)."""
+        phys = self.physics
+        tgt, draft = phys.target, phys.draft
         stats = self.stats
         b = len(self.reqs)
         if b == 0:
@@ -311,134 +336,146 @@ class Engine:
             if k > 0 and draft is not None:
                 dt += draft.time(pf_tokens, pf_ctx)  # the drafter also reads the prompt
             self.now += dt
-            stats.iteration_tokens.observe(float(pf_tokens + extra_gen))
-            stats.generation_tokens += extra_gen
+            stats.iteration_tokens.observe(float(pf_tokens + pf_done))
+            stats.generation_tokens += pf_done
             return
-        # Step time is affine in the batch's context: dt_s = a + c·C_s.
-        a = tgt.overhead_s + max(tgt.weights_s, tgt.per_token_s * (b * (k + 1) + pf_tokens))
-        c = tgt.per_context_s
+        a, c = self._coefficients(b, k)
+        a += max(tgt.weights_s, tgt.per_token_s * (b * (k + 1) + pf_tokens)) - max(
+            tgt.weights_s, tgt.per_token_s * (b * (k + 1))
+        )
         a += tgt.per_context_s * pf_ctx
+        if k > 0 and draft is not None:
+            # the first draft forward also runs over the prefill chunk
+            a += max(draft.weights_s, draft.per_token_s * (b + pf_tokens)) - max(
+                draft.weights_s, draft.per_token_s * b
+            )
+            a += draft.per_context_s * pf_ctx
+        dt = a + c * self.ctx_sum
+        rem = self.end - self.ctx
         if k > 0:
-            if draft is not None:
-                a += k * (draft.overhead_s + max(draft.weights_s, draft.per_token_s * b))
-                if pf_tokens:
-                    a += max(draft.weights_s, draft.per_token_s * (b + pf_tokens)) - max(
-                        draft.weights_s, draft.per_token_s * b
-                    )
-                    a += draft.per_context_s * pf_ctx
-                c += k * draft.per_context_s
-            a += phys.draft_cpu_s
-        ctx, rem = self.ctx, self.rem
-        c0 = float(ctx.sum())
-        surv = self.surv[:, :k] if k > 0 else self.surv[:, :0]
-        if max_steps > 1:
-            dt0 = a + c * c0
-            horizon = (until - self.now) / dt0 + 1.0
-            etok = 1.0 + surv.sum(axis=1)
-            to_finish = float((rem / etok).min()) * 1.25 + 2.0
-            cap = max(1, max_steps // (b * max(k, 1)))
-            steps = int(max(1.0, min(horizon, to_finish, float(cap))))
+            accepted = (self.rng.random(b)[:, None] < self.surv[:, :k]).sum(axis=1)
+            gen = np.minimum(accepted + 1, rem)
+            self._account_spec(k, accepted, 1)
         else:
-            steps = 1
+            gen = np.ones(b, dtype=_I64)
+        total = int(gen.sum())
+        self.now += dt
+        stats.generation_tokens += total + pf_done
+        stats.iteration_tokens.observe(float(total + pf_tokens + pf_done))
+        stats.itl.observe_many(np.array([dt]), float(b))
+        if stats.sglang:
+            self._sglang_interval(np.array([dt]), gen[None, :], k, total)
+        self._advance_sequences(gen, total)
+
+    def _run(self, k: int, until: float) -> None:
+        """Run the unchanged decode batch for as many steps as nothing else happens.
+
+        Steps are drawn in one block: the block ends after the first step in which a
+        request finishes, before the first step that starts at or after ``until``, and
+        before the first step whose KV growth the pool cannot hold.
+        """
+        stats = self.stats
+        b = len(self.reqs)
+        a, c = self._coefficients(b, k)
+        rem = self.end - self.ctx
+        c0 = self.ctx_sum
+        dt0 = a + c * c0
+        steps = (until - self.now) / dt0 + 1.0
+        cap = _MAX_DRAWS // (b * max(k, 1))
+        if steps > 8.0:
+            to_finish = float((rem / self.etok).min()) * 1.25 + 2.0 if k > 0 else rem.min()
+            steps = min(steps, to_finish, cap)
+        n_steps = max(1, int(min(steps, cap)))
         if k > 0:
-            u = self.rng.random((steps, b))
-            accepted = (u[:, :, None] < surv[None, :, :]).sum(axis=2)
-            emitted = accepted + 1
+            accepted = (self.rng.random((n_steps, b))[:, :, None] < self.surv[None, :, :k]).sum(
+                axis=2
+            )
+            cum = accepted.cumsum(axis=0)
+            cum += np.arange(1, n_steps + 1, dtype=_I64)[:, None]
+            per_step = accepted.sum(axis=1) + b
+            # a request finishes in the step after the last one in which cum < rem
+            n_run = min(int((cum < rem).sum(axis=0).min()) + 1, n_steps)
         else:
             accepted = None
-            emitted = np.ones((steps, b), dtype=_I64)
-        cum = emitted.cumsum(axis=0)
-        step_done = (cum >= rem).any(axis=1)
-        n_run = int(step_done.argmax()) + 1 if step_done.any() else steps
-        per_step = emitted.sum(axis=1)
-        if steps > 1:
-            before = np.empty(steps, dtype=float)
-            before[0] = 0.0
+            cum = np.arange(1, n_steps + 1, dtype=_I64)[:, None]
+            per_step = np.full(n_steps, b, dtype=_I64)
+            n_run = min(int(rem.min()), n_steps)
+        if n_steps > 1:
+            before = np.zeros(n_steps, dtype=float)
             np.cumsum(per_step[:-1], out=before[1:])
-            dts = a + c * (c0 + before)
-            starts = np.empty(steps, dtype=float)
-            starts[0] = self.now
-            np.cumsum(dts[:-1], out=starts[1:])
-            starts[1:] += self.now
-            n_run = min(n_run, int(np.searchsorted(starts, until, side="left")))
-            need_last = None
-            if n_run > 1:
-                bs = self.block_size
-                need = (ctx + cum[: n_run - 1] + (k + bs)) // bs
-                total = np.maximum(need, self.held).sum(axis=1) + (self.used - int(self.held.sum()))
-                over = total > self.pool
-                if over.any():
-                    n_run = int(over.argmax()) + 1
-                if n_run > 1:
-                    need_last = need[n_run - 2]
+            dts = c * before
+            dts += dt0
+            ends = np.cumsum(dts)
+            ends += self.now
+            # step s starts at ends[s-1]; keep the steps that start before `until`
+            n_run = min(n_run, 1 + int(np.searchsorted(ends[:-1], until, side="left")))
+            if n_run > 1 and self._used_bound((n_run - 1) * (k + 1)) > self.pool:
+                n_run = self._blocks_allow(cum, n_run)
             dts = dts[:n_run]
-            end = float(starts[n_run - 1] + dts[-1])
+            self.now = float(ends[n_run - 1])
         else:
-            dts = np.array([a + c * c0])
-            end = self.now + float(dts[0])
-            need_last = None
-        self.now = end
+            dts = np.array([dt0])
+            self.now += dt0
         last = n_run - 1
         gen = np.minimum(cum[last], rem)
-        total_gen = int(gen.sum())
-        self.ctx = ctx + gen
-        self.rem = rem - gen
-        if need_last is not None:
-            grown = np.maximum(self.held, need_last)
-            self.used += int((grown - self.held).sum())
-            self.held = grown
-        # counters and histograms
-        stats.generation_tokens += total_gen + extra_gen
+        total = int(gen.sum())
+        stats.generation_tokens += total
         step_tokens = per_step[:n_run].astype(float)
         # nobody finished before the last step, so only the last step's tokens are capped
-        before_last = int(cum[last - 1].sum()) if last > 0 else 0
-        step_tokens[last] = float(total_gen - before_last)
-        step_tokens[0] += extra_gen + pf_tokens
+        step_tokens[last] = float(total - (int(cum[last - 1].sum()) if last > 0 else 0))
         stats.iteration_tokens.observe_many(step_tokens)
-        stats.itl.observe_many(dts, b)
-        if k > 0 and accepted is not None:
-            acc = accepted[:n_run]
-            stats.drafts += n_run * b
-            stats.draft_tokens += n_run * b * k
-            stats.accepted += int(acc.sum())
-            hist = np.bincount(acc.ravel(), minlength=k + 1)
-            stats.accepted_per_pos[:k] += np.cumsum(hist[::-1])[::-1][1:]
-            self.acc += acc.sum(axis=0)
-            self.passes += n_run
+        stats.itl.observe_many(dts, float(b))
+        if accepted is not None:
+            self._account_spec(k, accepted[:n_run], n_run)
         if stats.sglang:
-            self._sglang_interval(dts, emitted[:n_run], gen, cum, last, k, total_gen, b)
-        done = self.rem <= 0
+            emitted = (
+                accepted[:n_run] + 1 if accepted is not None else np.ones((n_run, b), dtype=_I64)
+            )
+            emitted[last] = gen - (cum[last - 1] if last > 0 else 0)
+            self._sglang_interval(dts, emitted, k, total)
+        self._advance_sequences(gen, total)
+
+    def _blocks_allow(self, cum: NDArray[np.int64], n_run: int) -> int:
+        """How many of ``n_run`` steps fit the pool (step s needs the growth before it)."""
+        bs = self.block_size
+        need = ((self.ctx + cum[: n_run - 1] + (self.k_max + bs)) // bs).sum(axis=1)
+        over = need + self.pf_used > self.pool
+        return int(over.argmax()) + 1 if over.any() else n_run
+
+    def _account_spec(self, k: int, accepted: NDArray[np.int64], n_steps: int) -> None:
+        stats = self.stats
+        drafts = accepted.size
+        stats.drafts += drafts
+        stats.draft_tokens += drafts * k
+        stats.accepted_hist[: k + 1] += np.bincount(accepted.ravel(), minlength=k + 1)
+        self.pass_clock += n_steps
+
+    def _advance_sequences(self, gen: NDArray[np.int64], total: int) -> None:
+        """Apply the tokens each sequence emitted, and finish those that are done."""
+        self.ctx += gen
+        self.ctx_sum += total
+        done = self.ctx >= self.end
         if done.any():
-            idx = np.flatnonzero(done)
-            for i in idx:
-                req = self._write_back(int(i))
-                self.used -= req.held
-                self._finish(req)
+            for i in np.flatnonzero(done).tolist():
+                self._finish(self._write_back(i))
             self._drop(~done)
 
     def _sglang_interval(
-        self,
-        dts: NDArray[np.float64],
-        emitted: NDArray[np.int64],
-        gen: NDArray[np.int64],
-        cum: NDArray[np.int64],
-        last: int,
-        k: int,
-        total_gen: int,
-        b: int,
+        self, dts: NDArray[np.float64], emitted: NDArray[np.int64], k: int, total: int
     ) -> None:
         """SGLang's token-weighted ITL and its per-interval spec/throughput gauges."""
         stats = self.stats
-        weights = emitted.copy()
-        weights[last] = gen - (cum[last - 1] if last > 0 else 0)
-        weights = np.maximum(weights, 1)
-        adjusted = dts[:, None] / weights
-        stats.sg_itl.observe_many(adjusted.ravel(), weights.ravel(), float(dts.sum()) * b)
+        # each (step, request) observes interval/tokens, counted once per token it emitted
+        tokens_each = np.maximum(emitted, 1)
+        intervals = np.broadcast_to(dts[:, None], tokens_each.shape)
+        for tokens in np.unique(tokens_each).tolist():
+            picked = intervals[tokens_each == tokens]
+            stats.sg_itl.observe_many(picked / tokens, float(tokens))
         stats.sg_interval_batches += len(dts)
-        stats.sg_interval_tokens += total_gen
+        stats.sg_interval_tokens += total
         if k > 0:
-            stats.sg_interval_forwards += len(dts) * b
-            stats.sg_interval_emitted += int(emitted[:last].sum()) + int(weights[last].sum())
+            stats.sg_interval_forwards += emitted.size
+            stats.sg_interval_emitted += int(emitted.sum())
         if stats.sg_interval_batches >= 40:
             elapsed = self.now - stats.sg_interval_start
             stats.sg_gen_throughput = stats.sg_interval_tokens / elapsed if elapsed > 0 else 0.0
@@ -455,28 +492,26 @@ class Engine:
     # --- bookkeeping ------------------------------------------------------------------
 
     def _write_back(self, i: int) -> Request:
+        """Copy sequence ``i``'s progress from the arrays back onto its request."""
         req = self.reqs[i]
-        req.generated = req.output - int(self.rem[i])
-        req.held = int(self.held[i])
-        req.passes += int(self.passes[i])
-        req.accepted += int(self.acc[i])
+        ctx = int(self.ctx[i])
+        req.generated = ctx - req.prompt
+        req.passes += self.pass_clock - req.joined_clock
+        self.ctx_sum -= ctx
         return req
 
     def _drop(self, keep: NDArray[np.bool_]) -> None:
-        self.reqs = [r for r, kept in zip(self.reqs, keep, strict=True) if kept]
+        self.reqs = [r for r, kept in zip(self.reqs, keep.tolist(), strict=True) if kept]
         self.ctx = self.ctx[keep]
-        self.rem = self.rem[keep]
-        self.held = self.held[keep]
-        self.passes = self.passes[keep]
-        self.acc = self.acc[keep]
+        self.end = self.end[keep]
         self.surv = self.surv[keep]
+        self.etok = self.etok[keep]
 
     def _finish(self, req: Request) -> None:
         now = self.now
         stats = self.stats
         req.finish = now
         self.last_finish = now
-        req.held = 0
         e2e = now - req.arrival
         queue = req.scheduled - req.arrival
         decode = now - req.first_token

@@ -111,7 +111,6 @@ class RequestRecord:
     preemptions: int
     passes: int
     """Verification passes with drafts (vLLM's ``num_drafts`` for this request)."""
-    accepted_tokens: int
     alpha: float
     """The request's drawn base acceptance rate (``α_req``); 0 when speculation is off."""
 
@@ -495,7 +494,6 @@ class Fleet:
                     finished_reason="length" if q.length_capped else "stop",
                     preemptions=q.preemptions,
                     passes=q.passes,
-                    accepted_tokens=q.accepted,
                     alpha=q.alpha,
                 )
             )

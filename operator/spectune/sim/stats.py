@@ -8,7 +8,6 @@ and ``reference/engines.md`` §2.2 (SGLang).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -66,39 +65,77 @@ def buckets_1_2_5(max_value: int) -> tuple[float, ...]:
 
 
 class Hist:
-    """A cumulative Prometheus histogram: per-bucket counts (last = +Inf) and a sum."""
+    """A cumulative Prometheus histogram: per-bucket counts (last = +Inf) and a sum.
 
-    __slots__ = ("_bounds_list", "_les", "bounds", "counts", "total")
+    Observations are buffered and binned in bulk when the histogram is read (or the buffer
+    grows), because the engine observes a few values at a time many thousands of times
+    and numpy's per-call cost would dominate.
+    """
+
+    __slots__ = (
+        "_bounds_list",
+        "_counts",
+        "_les",
+        "_scalars",
+        "_total",
+        "_values",
+        "_weights",
+        "bounds",
+    )
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds: NDArray[np.float64] = np.asarray(bounds, dtype=float)
         self._bounds_list = [float(b) for b in bounds]
         # prometheus_client's own spelling of `le` ("1.0", "0.001", "+Inf")
         self._les: list[str] = [floatToGoString(b) for b in self._bounds_list]  # type: ignore[no-untyped-call]
-        self.counts: NDArray[np.int64] = np.zeros(len(bounds) + 1, dtype=np.int64)
-        self.total = 0.0
+        self._counts: NDArray[np.int64] = np.zeros(len(bounds) + 1, dtype=np.int64)
+        self._total = 0.0
+        self._scalars: list[float] = []
+        self._values: list[NDArray[np.float64]] = []
+        self._weights: list[float] = []
 
     def observe(self, value: float) -> None:
         """One observation (``le`` is inclusive, as in Prometheus)."""
-        self.counts[bisect.bisect_left(self._bounds_list, value)] += 1
-        self.total += value
+        self._scalars.append(value)
+        if len(self._scalars) >= 4096:
+            self._flush()
 
-    def observe_many(
-        self,
-        values: NDArray[np.float64],
-        weights: NDArray[np.int64] | int = 1,
-        weighted_sum: float | None = None,
-    ) -> None:
-        """Many observations at once; ``weights`` repeats each value that many times."""
+    def observe_many(self, values: NDArray[np.float64], weight: float = 1.0) -> None:
+        """Many observations, each counted ``weight`` times (the sum grows by value·weight)."""
+        self._values.append(values)
+        self._weights.append(weight)
+        if len(self._values) >= 1024:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._scalars:
+            self._values.append(np.array(self._scalars, dtype=float))
+            self._weights.append(1.0)
+            self._scalars.clear()
+        if not self._values:
+            return
+        values = np.concatenate(self._values)
+        weights = np.repeat(
+            np.array(self._weights), np.fromiter((len(v) for v in self._values), dtype=np.int64)
+        )
+        self._values.clear()
+        self._weights.clear()
         idx = np.searchsorted(self.bounds, values, side="left")
-        if isinstance(weights, int):
-            self.counts += np.bincount(idx, minlength=len(self.counts)) * weights
-            self.total += float(values.sum()) * weights if weighted_sum is None else weighted_sum
-        else:
-            self.counts += np.bincount(idx, weights=weights, minlength=len(self.counts)).astype(
-                np.int64
-            )
-            self.total += float((values * weights).sum()) if weighted_sum is None else weighted_sum
+        binned = np.bincount(idx, weights=weights, minlength=len(self._counts))
+        self._counts += np.rint(binned).astype(np.int64)
+        self._total += float(values @ weights)
+
+    @property
+    def counts(self) -> NDArray[np.int64]:
+        """Per-bucket (not cumulative) counts; the last is the +Inf overflow."""
+        self._flush()
+        return self._counts
+
+    @property
+    def total(self) -> float:
+        """Sum of the observed values."""
+        self._flush()
+        return self._total
 
     @property
     def count(self) -> int:
@@ -128,8 +165,9 @@ class EngineStats:
         self.num_spec_tokens = num_spec_tokens
         self.drafts = 0
         self.draft_tokens = 0
-        self.accepted = 0
-        self.accepted_per_pos: NDArray[np.int64] = np.zeros(num_spec_tokens, dtype=np.int64)
+        # how many (request, pass) pairs accepted exactly L drafts, L = 0..K; the accepted
+        # and per-position counters follow from it
+        self.accepted_hist: NDArray[np.int64] = np.zeros(num_spec_tokens + 1, dtype=np.int64)
         # histograms, vLLM V1 buckets
         self.iteration_tokens = Hist(VLLM_ITERATION_TOKENS_BUCKETS)
         self.ttft = Hist(TTFT_BUCKETS)
@@ -160,3 +198,16 @@ class EngineStats:
         self.sg_accept_length = 0.0
         self.sg_accept_rate = 0.0
         self.sg_gen_throughput = 0.0
+
+    @property
+    def accepted(self) -> int:
+        """``vllm:spec_decode_num_accepted_tokens_total``."""
+        h = self.accepted_hist
+        return int((h * np.arange(len(h))).sum())
+
+    @property
+    def accepted_per_pos(self) -> NDArray[np.int64]:
+        """``..._per_pos_total``: position i counts passes that accepted drafts 0..i."""
+        h = self.accepted_hist
+        per_pos: NDArray[np.int64] = np.cumsum(h[::-1])[::-1][1:]
+        return per_pos

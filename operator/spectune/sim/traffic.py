@@ -11,6 +11,8 @@ request is equally hard for every arm (common random numbers for the oracle).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +32,6 @@ class Request:
     """
 
     __slots__ = (
-        "accepted",
         "alpha",
         "arrival",
         "computed",
@@ -39,6 +40,7 @@ class Request:
         "generated",
         "held",
         "id",
+        "joined_clock",
         "length_capped",
         "output",
         "passes",
@@ -77,7 +79,7 @@ class Request:
         self.held = 0
         self.preemptions = 0
         self.passes = 0
-        self.accepted = 0
+        self.joined_clock = 0
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,8 @@ class Traffic:
         loads: list[LoadPoint | LoadEvent] = list(scenario.load)
         loads += [e for e in scenario.events if isinstance(e, LoadEvent)]
         self.profile = LoadProfile(loads, load_scale)
-        self._shares = np.array([r.share for r in scenario.routes], dtype=float)
+        self._shares = [r.share for r in scenario.routes]
+        self._cumulative = list(itertools.accumulate(self._shares))
         self._max_len = scenario.max_model_len
         self._next_id = 0
         self._t = 0.0
@@ -164,6 +167,7 @@ class Traffic:
         for i, r in enumerate(self._scenario.routes):
             if r.name in shares:
                 self._shares[i] = shares[r.name]
+        self._cumulative = list(itertools.accumulate(self._shares))
 
     def peek(self) -> float:
         """Time of the next arrival (infinity if the load is zero from here on)."""
@@ -172,14 +176,14 @@ class Traffic:
     def pop(self) -> Request:
         """Take the next arrival as a :class:`Request` and draw the one after it."""
         t = self._next
-        total = float(self._shares.sum())
-        if total > 0:
-            route = int(
-                np.searchsorted(np.cumsum(self._shares), self._route_rng.random() * total, "right")
+        cumulative = self._cumulative
+        total = cumulative[-1]
+        route = 0
+        if total > 0 and len(cumulative) > 1:
+            route = min(
+                bisect.bisect_right(cumulative, self._route_rng.random() * total),
+                len(cumulative) - 1,
             )
-            route = min(route, len(self._shares) - 1)
-        else:
-            route = 0
         r = self._scenario.routes[route]
         rng = self._token_rngs[route]
         prompt, _ = _draw_tokens(r.prompt_tokens, rng)

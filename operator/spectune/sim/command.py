@@ -1,0 +1,243 @@
+"""``spectune sim run`` and ``spectune sim serve``: the simulator's command line.
+
+The top-level CLI (``spectune.cli``) calls :func:`register` to add the ``sim`` commands to
+its parser; ``python3 -m spectune.sim.command`` runs them on their own. Errors the user can
+fix (a bad scenario, arm or flag) print one line on stderr and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from spectune.errors import SpecError
+from spectune.search.arms import parse_arm
+from spectune.sim.fleet import Fleet
+from spectune.sim.scenario import load_scenario
+from spectune.sim.summary import summarise
+
+__all__ = ["main", "register", "run_command", "serve_command"]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``sim`` with its ``run`` and ``serve`` sub-commands to a CLI's sub-parsers.
+
+    Each sub-command sets ``func`` to a callable taking the parsed namespace and returning
+    the exit code.
+    """
+    sim = subparsers.add_parser(
+        "sim",
+        help="simulated vLLM/SGLang replicas (no cluster, no GPU)",
+        description="Run or serve the simulator on a scenario file.",
+    )
+    sim_sub = sim.add_subparsers(dest="sim_command", metavar="{run,serve}", required=True)
+
+    run = sim_sub.add_parser(
+        "run",
+        help="run one static arm on the scenario's fleet and print the figures",
+        description="Run one static arm on the whole fleet in virtual time.",
+    )
+    run.add_argument("--scenario", required=True, metavar="FILE", help="scenario YAML file")
+    run.add_argument("--arm", required=True, help="off, <drafter>/<k> or <drafter>/sched:...")
+    run.add_argument(
+        "--duration", type=float, metavar="S", help="simulated seconds (default: the file's)"
+    )
+    run.add_argument("--seed", type=int, metavar="N", help="seed (default: the file's)")
+    run.add_argument(
+        "--metrics-out", metavar="FILE", help="write replica 0's final /metrics page here"
+    )
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.set_defaults(func=run_command)
+
+    serve = sim_sub.add_parser(
+        "serve",
+        help="serve one simulated replica's /metrics in (scaled) real time",
+        description=(
+            "Serve one replica of the scenario on loopback, configured by the vLLM arguments "
+            "after '--' (e.g. --speculative-config '{...}')."
+        ),
+    )
+    serve.add_argument("--scenario", required=True, metavar="FILE", help="scenario YAML file")
+    serve.add_argument("--port", type=int, required=True, metavar="P")
+    serve.add_argument("--host", default="127.0.0.1", help="loopback address (default 127.0.0.1)")
+    serve.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="simulated seconds per wall second (default 1)",
+    )
+    serve.add_argument("--replica-index", type=int, default=0, metavar="I")
+    serve.add_argument("--replicas", type=int, default=1, metavar="N")
+    serve.add_argument("--seed", type=int, metavar="N", help="seed (default: the file's)")
+    serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then the vLLM arguments")
+    serve.set_defaults(func=serve_command)
+
+
+# --- sim run ----------------------------------------------------------------------------
+
+
+def run_command(ns: argparse.Namespace) -> int:
+    """``sim run``: simulate, then print the figures (JSON or a table)."""
+    scenario = load_scenario(Path(ns.scenario))
+    arm = parse_arm(ns.arm)
+    scenario.check_arm(arm)
+    duration = float(ns.duration) if ns.duration is not None else scenario.duration_s
+    if not duration > 0 or math.isinf(duration):
+        raise SpecError(f"--duration must be a positive number of seconds, got {ns.duration}")
+    wall0 = time.perf_counter()
+    fleet = Fleet(scenario, seed=ns.seed, arms=arm)
+    failed = [s for s in fleet.states() if s.failure is not None]
+    if failed:
+        raise SpecError(f"arm {arm} cannot start on {scenario.name}: {failed[0].failure}")
+    _advance_with_progress(fleet, duration, show=sys.stderr.isatty() and not ns.json)
+    wall = time.perf_counter() - wall0
+    summary = summarise(fleet.records(), duration)
+    totals = fleet.totals()
+    state = fleet.state(0)
+    out: dict[str, Any] = {
+        "scenario": scenario.name,
+        "arm": arm.name,
+        "seed": fleet.seed,
+        "requests": summary.requests,
+        "tpot_p50": summary.tpot_p50,
+        "tpot_p95": summary.tpot_p95,
+        "ttft_p95": summary.ttft_p95,
+        "e2e_p95": summary.e2e_p95,
+        "queue_p95": summary.queue_p95,
+        "output_tokens_per_s": summary.output_tokens_per_s,
+        "num_gpu_blocks": state.num_gpu_blocks,
+        "preemptions": totals.preemptions,
+        "mean_accepted_length": totals.mean_accepted_length,
+        "acceptance_rate": totals.acceptance_rate,
+        "sim_seconds": duration,
+        "wall_seconds": round(wall, 3),
+    }
+    out = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
+    if ns.metrics_out:
+        try:
+            Path(ns.metrics_out).write_text(fleet.metrics_text(0), encoding="utf-8")
+        except OSError as exc:
+            raise SpecError(f"--metrics-out {ns.metrics_out}: {exc.strerror}") from None
+    if ns.json:
+        print(json.dumps(out))
+    else:
+        _print_table(out)
+    return 0
+
+
+def _advance_with_progress(fleet: Fleet, duration: float, *, show: bool) -> None:
+    chunks = 100
+    if not show:
+        fleet.advance(duration)
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("simulating"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as progress:
+        task = progress.add_task("sim", total=duration)
+        for i in range(1, chunks + 1):
+            fleet.advance(duration * i / chunks)
+            progress.update(task, completed=fleet.now)
+
+
+def _print_table(out: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{out['scenario']} · arm {out['arm']} · seed {out['seed']}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in out.items():
+        if key in {"scenario", "arm", "seed"}:
+            continue
+        if value is None:
+            shown = "—"
+        elif isinstance(value, float):
+            shown = f"{value:.4g}"
+        else:
+            shown = str(value)
+        table.add_row(key, shown)
+    Console().print(table)
+
+
+# --- sim serve --------------------------------------------------------------------------
+
+
+def serve_command(ns: argparse.Namespace) -> int:
+    """``sim serve``: one replica in scaled real time until SIGTERM/SIGINT."""
+    from spectune.sim.server import SimServer, arm_from_vllm_args, model_name_from_vllm_args
+
+    scenario = load_scenario(Path(ns.scenario))
+    vllm_args = list(ns.vllm_args)
+    if vllm_args and vllm_args[0] == "--":
+        vllm_args = vllm_args[1:]
+    if ns.replicas < 1 or not 0 <= ns.replica_index < ns.replicas:
+        raise SpecError(
+            f"--replica-index {ns.replica_index} must be within 0..{ns.replicas - 1} "
+            "(--replicas N, N >= 1)"
+        )
+    arm = arm_from_vllm_args(scenario, vllm_args)
+    fleet = Fleet(
+        scenario,
+        seed=ns.seed,
+        arms=arm,
+        replicas=1,
+        load_scale=1.0 / ns.replicas,
+        stream=ns.replica_index,
+        model_name=model_name_from_vllm_args(vllm_args),
+        epoch_s=time.time(),
+    )
+    state = fleet.state(0)
+    if state.failure is not None:
+        # What a vLLM pod does when its KV pool cannot hold one sequence: die at start-up.
+        print(f"ValueError: {state.failure}", file=sys.stderr)
+        return 1
+    server = SimServer(fleet, time_scale=ns.time_scale, host=ns.host, port=ns.port)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    signal.signal(signal.SIGINT, lambda *_: server.stop())
+    print(
+        f"spectune sim serve: {scenario.name} replica {ns.replica_index}/{ns.replicas}, "
+        f"arm {arm}, {state.num_gpu_blocks} KV blocks, on http://{ns.host}:{server.port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.serve_forever()
+    return 0
+
+
+# --- standalone entry point ----------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``sim run`` / ``sim serve`` without the top-level CLI (``python3 -m``)."""
+    parser = argparse.ArgumentParser(prog="spectune")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] != "sim":
+        args = ["sim", *args]
+    ns = parser.parse_args(args)
+    try:
+        code: int = ns.func(ns)
+    except SpecError as exc:
+        print(f"spectune: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Server mode: one simulated replica in (scaled) real time, serving ``/metrics`` like a pod.
+
+``spectune sim serve`` runs this in place of a vLLM container: it takes the same
+command-line arguments a vLLM container gets, so when the operator patches a Deployment's
+``--speculative-config`` the restarted "pod" behaves differently. The end-to-end harness
+launches one process per pod and scrapes it like a real engine.
+
+It listens on loopback only: it is a stand-in for a pod, never a network service.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import threading
+import time
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from spectune.errors import SpecError
+from spectune.search.arms import Arm
+from spectune.sim.fleet import Fleet
+from spectune.sim.scenario import Scenario
+
+__all__ = ["SimServer", "arm_from_vllm_args", "model_name_from_vllm_args"]
+
+_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def arm_from_vllm_args(scenario: Scenario, argv: Sequence[str]) -> Arm:
+    """The arm a vLLM command line asks for, mapped onto the scenario's drafters.
+
+    A drafter matches by its ``model`` (what goes into ``--speculative-config``), or, for
+    model-less methods such as ``ngram``, by method. Raises :class:`SpecError` when the
+    arguments are malformed or name a drafter the scenario does not have.
+    """
+    from spectune.engines.args import parse_vllm_args
+
+    spec = parse_vllm_args(list(argv)).spec
+    if spec is None:
+        return Arm(None)
+    if spec.model is not None:
+        matches = [d for d in scenario.drafters if d.model == spec.model]
+        what = f"model {spec.model!r}"
+    else:
+        matches = [d for d in scenario.drafters if d.model is None and d.method == spec.method]
+        what = f"method {spec.method!r} without a model"
+    if not matches:
+        known = ", ".join(
+            f"{d.name} ({d.method}{', ' + d.model if d.model else ''})" for d in scenario.drafters
+        )
+        raise SpecError(
+            f"--speculative-config: {what} matches no drafter of scenario "
+            f"{scenario.name!r}; drafters are: {known or '(none)'}"
+        )
+    if len(matches) > 1:
+        raise SpecError(
+            f"--speculative-config: {what} matches several drafters "
+            f"({', '.join(d.name for d in matches)}); give each a distinct model"
+        )
+    drafter = matches[0]
+    if spec.per_batch_size is not None:
+        arm = Arm.scheduled(drafter.name, spec.per_batch_size)
+    else:
+        arm = Arm(drafter.name, spec.num_speculative_tokens)
+    scenario.check_arm(arm)
+    return arm
+
+
+def model_name_from_vllm_args(argv: Sequence[str]) -> str | None:
+    """``--served-model-name``, else ``--model``, else the positional after ``serve``."""
+    args = list(argv)
+    found: dict[str, str] = {}
+    for i, token in enumerate(args):
+        for flag in ("--served-model-name", "--model"):
+            if token == flag and i + 1 < len(args):
+                found.setdefault(flag, args[i + 1])
+            elif token.startswith(flag + "="):
+                found.setdefault(flag, token.split("=", 1)[1])
+    if "--served-model-name" in found:
+        return found["--served-model-name"]
+    if "--model" in found:
+        return found["--model"]
+    if len(args) >= 2 and args[0] == "serve" and not args[1].startswith("-"):
+        return args[1]
+    return None
+
+
+def check_loopback(host: str) -> None:
+    """Refuse anything but a loopback address: the simulator never serves a network."""
+    if host == "localhost":
+        return
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    except ValueError:
+        pass
+    raise SpecError(f"--host {host}: sim serve listens on loopback only (127.0.0.1 or ::1)")
+
+
+class SimServer:
+    """A one-replica fleet advanced with the wall clock and served over HTTP."""
+
+    def __init__(self, fleet: Fleet, *, time_scale: float, host: str, port: int) -> None:
+        if time_scale <= 0:
+            raise SpecError(f"--time-scale must be above 0, got {time_scale}")
+        check_loopback(host)
+        self.fleet = fleet
+        self.time_scale = time_scale
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                server._handle(self)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        try:
+            self._http = ThreadingHTTPServer((host, port), Handler)
+        except OSError as exc:
+            raise SpecError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        self._http.daemon_threads = True
+
+    @property
+    def port(self) -> int:
+        """The port actually bound (useful with port 0)."""
+        return int(self._http.server_address[1])
+
+    def sim_now(self) -> float:
+        """Simulated seconds since start, by the scaled wall clock."""
+        return (time.monotonic() - self._t0) * self.time_scale
+
+    def serve_forever(self, tick_s: float = 0.05) -> None:
+        """Serve until :meth:`stop`, advancing the simulation every ``tick_s`` wall seconds."""
+        thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+        thread.start()
+        try:
+            while not self._stop.wait(tick_s):
+                self._catch_up()
+        finally:
+            self._http.shutdown()
+            self._http.server_close()
+
+    def stop(self) -> None:
+        """Ask :meth:`serve_forever` to return."""
+        self._stop.set()
+
+    def _catch_up(self) -> None:
+        with self._lock:
+            target = self.sim_now()
+            if target > self.fleet.now:
+                self.fleet.advance(target)
+
+    def _handle(self, req: BaseHTTPRequestHandler) -> None:
+        path = req.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._catch_up()
+            with self._lock:
+                body = self.fleet.metrics_text(0).encode("utf-8")
+            self._reply(req, 200, body, _CONTENT_TYPE)
+        elif path == "/health":
+            self._reply(req, 200, b"", "text/plain")
+        elif path == "/sim/state":
+            with self._lock:
+                state = self.fleet.state(0)
+                body = json.dumps(
+                    {
+                        "arm": state.arm.name,
+                        "phase": state.phase.value,
+                        "model_version": self.fleet.model_version,
+                        "sim_seconds": self.fleet.now,
+                        "num_gpu_blocks": state.num_gpu_blocks,
+                    }
+                ).encode("utf-8")
+            self._reply(req, 200, body, "application/json")
+        else:
+            self._reply(req, 404, b"not found\n", "text/plain")
+
+    @staticmethod
+    def _reply(req: BaseHTTPRequestHandler, code: int, body: bytes, ctype: str) -> None:
+        req.send_response(code)
+        req.send_header("Content-Type", ctype)
+        req.send_header("Content-Length", str(len(body)))
+        req.end_headers()
+        req.wfile.write(body)

@@ -1,0 +1,1 @@
+"""Simulator tests: scenarios, physics, exposition, fleet, CLI."""
