@@ -214,7 +214,11 @@ class Controller:
             else:
                 start, stats = await self._observe()
                 w = WindowRecord(
-                    start, self.clock.now(), stats.get(Group.INCUMBENT), stats.get(Group.CANARY)
+                    start,
+                    self.clock.now(),
+                    stats.get(Group.INCUMBENT),
+                    stats.get(Group.CANARY),
+                    dep.incumbent.name,
                 )
                 self.history = self.history.update_last(running.with_window(w))
         decision = self.policy.decide(self._context(dep.incumbent), self.history)

@@ -36,6 +36,8 @@ class WindowRecord:
     end_s: float
     incumbent: WindowStats | None
     canary: WindowStats | None = None
+    incumbent_arm: str = ""
+    """The arm the incumbent replicas ran (empty when unknown)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ def _window(doc: Mapping[str, Any]) -> WindowRecord:
         float(doc["end_s"]),
         _stats(doc.get("incumbent")),
         _stats(doc.get("canary")),
+        str(doc.get("incumbent_arm", "")),
     )
 
 

@@ -1,0 +1,395 @@
+r"""The model behind the policy: what every arm would do, from the few arms measured.
+
+Two facts make most arms unnecessary to try (DESIGN.md §1):
+
+* acceptance: vLLM's per-position counters at a drafter's largest ``k`` give
+  :math:`P(L \ge i)` for every smaller ``k``, so the expected tokens per pass
+  :math:`E_d(k) = 1 + \sum_{i \le k} P(L \ge i)` of every ``k`` follow from one trial;
+* cost: the time of one verification pass relative to a plain decode step,
+  :math:`r_d(k) = \tau_{d,k} E_d(k) / \tau_{\text{off}}`, where :math:`\tau` is the mean
+  per-token latency relative to the incumbent in paired windows. It is 1 at ``k = 0`` and
+  grows with ``k`` (``k`` draft steps, and verification over ``b(k+1)`` tokens once the
+  batch passes the compute knee), so it is interpolated piecewise-linearly in ``k``
+  through the measured points and :math:`(0, 1)`, and extrapolated with the slope of a
+  line through the origin fitted to them (:math:`r = 1 + c k`, the draft cost ``c``).
+
+The predicted mean per-token latency of an untried arm relative to the incumbent is
+:math:`\hat\tau_{d,k} = \tau_{\text{off}}\, r_d(k) / E_d(k)`; the objective (a p95 or
+throughput) is that times the drafter's measured ratio of objective to mean latency, which
+carries tail and queueing effects (a drafter that shrinks the KV pool) from the measured
+arms of the drafter to its other ``k``.
+
+Uncertainty is carried in log space. A measured arm's spread comes from the order-statistic
+intervals of its p95s, window by window; an untried arm's from the model's own error on the
+measured arms plus a penalty for extrapolating in ``k`` (larger without per-position data).
+Everything is rebuilt from the history on every call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from spectune.search.arms import OFF, Arm, parse_arm
+from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
+from spectune.search.objective import WindowStats
+from spectune.search.policy import SearchSpace
+
+__all__ = ["ArmBelief", "Beliefs", "build_beliefs"]
+
+#: Floor of a measured arm's log-spread: two windows of the same arm on the same traffic
+#: differ by about this much even when the quantile intervals are tight.
+MEASURED_FLOOR = 0.015
+#: Model error before any arm can test it (log units, ≈ 6 %).
+MODEL_PRIOR = 0.06
+#: Added log-spread per draft position of extrapolation beyond measured acceptance.
+EXTRAPOLATION_STEP = 0.03
+#: ...and per k away from a measured k when the engine gives no per-position data.
+NO_POSITION_STEP = 0.06
+
+
+@dataclass(frozen=True)
+class ArmBelief:
+    """Belief about one arm: log objective ratio to the incumbent (lower is better)."""
+
+    arm: Arm
+    loss: float
+    spread: float
+    measured: bool
+    windows: int
+    tpot_ratio: float
+    expected_tokens: float
+
+
+@dataclass
+class Beliefs:
+    """All arms' beliefs, plus what still has to be measured before the model can speak."""
+
+    arms: dict[str, ArmBelief] = field(default_factory=dict)
+    excluded: dict[str, str] = field(default_factory=dict)
+    unexplored_drafters: list[str] = field(default_factory=list)
+    needs_off: bool = False
+    costs: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _log(x: float) -> float:
+    return math.log(x) if x > 0 and not math.isnan(x) else math.nan
+
+
+def _pair_spread(can: WindowStats, inc: WindowStats) -> float:
+    """Log-spread of one window's objective ratio from the quantile intervals."""
+    parts = []
+    for s in (can, inc):
+        lo, hi = s.objective_low, s.objective_high
+        if lo > 0 and hi > 0 and not (math.isnan(lo) or math.isnan(hi)):
+            parts.append((math.log(hi) - math.log(lo)) / (2 * 1.96))
+    if len(parts) < 2:
+        return 0.05
+    return math.sqrt(sum(p * p for p in parts))
+
+
+@dataclass
+class _Measured:
+    obj_logs: list[float] = field(default_factory=list)
+    obj_weights: list[float] = field(default_factory=list)
+    tpot_logs: list[float] = field(default_factory=list)
+    tokens: float = 0.0
+    passes: float = 0.0
+    requests: float = 0.0
+
+    def add(self, can: WindowStats, inc: WindowStats, sign: float) -> None:
+        o = _log(can.objective) - _log(inc.objective)
+        t = _log(can.tpot_mean) - _log(inc.tpot_mean)
+        if not math.isnan(o):
+            sp = max(_pair_spread(can, inc), MEASURED_FLOOR)
+            self.obj_logs.append(sign * o)
+            self.obj_weights.append(1 / (sp * sp))
+        if not math.isnan(t):
+            self.tpot_logs.append(t)
+        self.requests += can.requests
+        if can.drafts > 0:
+            self.tokens += can.mean_accepted_length * can.drafts
+            self.passes += can.drafts
+
+    @property
+    def loss(self) -> tuple[float, float]:
+        if not self.obj_logs:
+            return math.nan, math.inf
+        w = np.asarray(self.obj_weights)
+        mean = float(np.sum(w * np.asarray(self.obj_logs)) / np.sum(w))
+        return mean, max(float(1 / math.sqrt(np.sum(w))), MEASURED_FLOOR / 2)
+
+    @property
+    def tpot_ratio(self) -> float:
+        return math.exp(float(np.mean(self.tpot_logs))) if self.tpot_logs else math.nan
+
+
+def _survival(windows: Iterable[WindowStats]) -> np.ndarray:
+    """Pooled P(L ≥ i) per position over windows, each position over the windows that drafted it."""
+    acc: dict[int, float] = defaultdict(float)
+    drafts: dict[int, float] = defaultdict(float)
+    for s in windows:
+        for i, v in enumerate(s.accepted_per_pos):
+            acc[i] += v
+            drafts[i] += s.drafts
+    if not drafts:
+        return np.zeros(0)
+    k = max(drafts) + 1
+    return np.array([acc[i] / drafts[i] if drafts[i] > 0 else 0.0 for i in range(k)])
+
+
+def _flat_from_length(length: float, k: int) -> float:
+    target = min(max(length, 1.0), k + 1.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if float(np.sum(mid ** np.arange(k + 1))) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _expected(survival: np.ndarray, k: int) -> tuple[float, int]:
+    """E(k) from a survival curve, extrapolating past its end; and how far it extrapolated."""
+    if k <= len(survival):
+        return 1.0 + float(np.sum(survival[:k])), 0
+    s = list(survival)
+    q = s[-1] / s[-2] if len(s) >= 2 and s[-2] > 0 else (s[-1] if s else 0.0)
+    q = min(max(q, 0.0), 1.0)
+    while len(s) < k:
+        s.append((s[-1] if s else 1.0) * q)
+    return 1.0 + float(np.sum(s[:k])), k - len(survival)
+
+
+def _interp_cost(points: dict[int, float], k: int) -> float:
+    """r(k) through (0, 1) and the measured (k, r) points; past them, r = 1 + c·k."""
+    xs = sorted(points)
+    pts = [(0, 1.0)] + [(x, points[x]) for x in xs]
+    if k <= xs[-1]:
+        for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+            if x0 <= k <= x1:
+                return y0 + (y1 - y0) * (k - x0) / (x1 - x0)
+    num = sum(x * (points[x] - 1) for x in xs)
+    den = sum(x * x for x in xs)
+    c = max(num / den, 0.0) if den else 0.0
+    # Continue from the last measured point with the fitted slope.
+    return points[xs[-1]] + c * (k - xs[-1])
+
+
+def _arm_of(name: str) -> Arm | None:
+    try:
+        return parse_arm(name)
+    except Exception:
+        return None
+
+
+def build_beliefs(
+    space: SearchSpace, history: History, incumbent: Arm, minimise: bool, min_requests: int
+) -> Beliefs:
+    """Beliefs about every arm of ``space`` from the current epoch of ``history``."""
+    sign = 1.0 if minimise else -1.0
+    b = Beliefs()
+    epoch_trials: Sequence[TrialRecord] = history.in_epoch()
+    measured: dict[str, _Measured] = defaultdict(_Measured)
+    by_drafter: dict[str, list[WindowStats]] = defaultdict(list)
+    inc_windows: list[WindowStats] = []
+
+    def note_acceptance(arm_name: str, s: WindowStats | None) -> None:
+        arm = _arm_of(arm_name)
+        if s is None or arm is None or arm.drafter is None:
+            return
+        if s.drafts > 0 or s.mean_accepted_length > 1:
+            by_drafter[arm.drafter].append(s)
+
+    baseline: Sequence[WindowRecord] = history.baseline_windows()
+    for w in baseline:
+        if w.incumbent is not None and (not w.incumbent_arm or w.incumbent_arm == incumbent.name):
+            inc_windows.append(w.incumbent)
+            note_acceptance(incumbent.name, w.incumbent)
+    for t in epoch_trials:
+        if t.outcome is Outcome.INFEASIBLE:
+            b.excluded[t.arm] = f"could not start: {t.reason}"
+        if t.outcome is Outcome.ABORTED:
+            b.excluded[t.arm] = f"guardrail: {t.reason}"
+        for w in t.windows:
+            if w.incumbent is not None:
+                inc_windows.append(w.incumbent)
+                note_acceptance(t.incumbent, w.incumbent)
+            if w.canary is not None:
+                note_acceptance(t.arm, w.canary)
+                if w.incumbent is not None and w.canary.requests > 0:
+                    measured[t.arm].add(w.canary, w.incumbent, sign)
+
+    # The incumbent is the reference of every ratio.
+    inc_tokens = sum(s.mean_accepted_length * s.drafts for s in inc_windows if s.drafts > 0)
+    inc_passes = sum(s.drafts for s in inc_windows if s.drafts > 0)
+    inc_length = inc_tokens / inc_passes if inc_passes > 0 else 1.0
+    if incumbent.drafter is not None and inc_passes == 0:
+        lengths = [s.mean_accepted_length for s in inc_windows if s.mean_accepted_length > 1]
+        inc_length = float(np.mean(lengths)) if lengths else 1.0
+
+    # Acceptance per drafter.
+    survival: dict[str, np.ndarray] = {}
+    for d in space.drafters:
+        windows = by_drafter.get(d.name, [])
+        curve = _survival(windows)
+        if len(curve) == 0 and windows:
+            # No per-position data (SGLang): a flat per-token rate fitted to the length.
+            best = max(windows, key=lambda s: s.k or 0)
+            k = best.k or max(1, round(best.mean_accepted_length))
+            a = _flat_from_length(best.mean_accepted_length, k)
+            curve = a ** np.arange(1, k + 1)
+        if len(curve) == 0:
+            b.unexplored_drafters.append(d.name)
+        else:
+            survival[d.name] = curve
+
+    # Per-token latency of 'off' relative to the incumbent.
+    tau_off: float | None = None
+    if incumbent.is_off:
+        tau_off = 1.0
+    elif OFF.name in measured and not math.isnan(measured[OFF.name].tpot_ratio):
+        tau_off = measured[OFF.name].tpot_ratio
+    else:
+        prior = _prior_costs(history).get(incumbent.drafter or "")
+        if prior is not None and incumbent.drafter in survival:
+            tau_off = inc_length / (1 + prior * incumbent.k)
+            b.notes.append(f"off's latency inferred from the earlier draft cost c = {prior:.3f}")
+        elif space.allow_off:
+            b.needs_off = True
+
+    # Cost points r_d(k) for every measured speculative arm, the incumbent included.
+    cost_points: dict[str, dict[int, float]] = defaultdict(dict)
+    if tau_off is not None:
+        if incumbent.drafter is not None and incumbent.schedule is None:
+            cost_points[incumbent.drafter][incumbent.k] = inc_length / tau_off
+        for name, m in measured.items():
+            arm = _arm_of(name)
+            if arm is None or arm.drafter is None or arm.schedule is not None or m.passes == 0:
+                continue
+            if math.isnan(m.tpot_ratio):
+                continue
+            cost_points[arm.drafter][arm.k] = m.tpot_ratio * (m.tokens / m.passes) / tau_off
+        for drafter, pts in cost_points.items():
+            den = sum(k * k for k in pts)
+            c = sum(k * (r - 1) for k, r in pts.items()) / den if den else 0.0
+            b.costs[drafter] = max(c, 0.0)
+    priors = _prior_costs(history)
+    for d in space.drafters:
+        if d.name not in cost_points and d.name in priors and tau_off is not None:
+            cost_points[d.name] = {1: 1 + priors[d.name]}
+
+    # Objective-to-latency ratio per drafter (tails, queueing) from its measured arms.
+    phi: dict[str, list[float]] = defaultdict(list)
+    residuals: list[float] = []
+    for name, m in measured.items():
+        arm = _arm_of(name)
+        loss, _ = m.loss
+        if arm is None or math.isnan(loss) or math.isnan(m.tpot_ratio):
+            continue
+        phi[arm.drafter or "off"].append(loss - sign * math.log(m.tpot_ratio))
+    all_phi = [x for xs in phi.values() for x in xs]
+
+    def predict(arm: Arm) -> tuple[float, float, float, float]:
+        """(loss, spread, tpot ratio, E) of an arm from the model."""
+        if arm.is_off:
+            e = 1.0
+            tau = tau_off if tau_off is not None else math.nan
+            steps = 0
+        else:
+            d = arm.drafter or ""
+            if d not in survival or d not in cost_points or tau_off is None:
+                return math.nan, math.inf, math.nan, math.nan
+            e, steps = _expected(survival[d], arm.k)
+            tau = tau_off * _interp_cost(cost_points[d], arm.k) / e
+        key = arm.drafter or "off"
+        shape = (
+            float(np.mean(phi[key]))
+            if phi.get(key)
+            else (float(np.mean(all_phi)) if all_phi else 0.0)
+        )
+        loss = sign * math.log(tau) + shape if tau > 0 else math.nan
+        spread = MODEL_PRIOR
+        if residuals:
+            spread = max(math.sqrt(float(np.mean(np.square(residuals)))), MEASURED_FLOOR)
+        measured_ks = [k for k in cost_points.get(arm.drafter or "", {})]
+        if not arm.is_off:
+            spread += EXTRAPOLATION_STEP * steps
+            if not space.per_position and measured_ks:
+                spread += NO_POSITION_STEP * min(abs(arm.k - k) for k in measured_ks)
+        return loss, spread, tau, e
+
+    # The model's error on the arms it can check.
+    for name, m in measured.items():
+        arm = _arm_of(name)
+        loss, _ = m.loss
+        if arm is None or math.isnan(loss):
+            continue
+        p_loss, _, _, _ = predict(arm)
+        if not math.isnan(p_loss):
+            residuals.append(loss - p_loss)
+
+    for arm in space.arms():
+        if arm.name in b.excluded:
+            continue
+        if arm.name == incumbent.name:
+            length = inc_length if not arm.is_off else 1.0
+            b.arms[arm.name] = ArmBelief(
+                arm, 0.0, MEASURED_FLOOR / 2, True, len(inc_windows), 1.0, length
+            )
+            continue
+        got = measured.get(arm.name)
+        if got is not None and got.requests >= min_requests:
+            loss, spread = got.loss
+            if not math.isnan(loss):
+                e = got.tokens / got.passes if got.passes else 1.0
+                b.arms[arm.name] = ArmBelief(
+                    arm, loss, spread, True, len(got.obj_logs), got.tpot_ratio, e
+                )
+                continue
+        loss, spread, tau, e = predict(arm)
+        if not math.isnan(loss):
+            b.arms[arm.name] = ArmBelief(arm, loss, spread, False, 0, tau, e)
+    if not space.per_position:
+        b.notes.append(
+            "the engine exports no per-position acceptance: other k are modelled from a flat "
+            "rate and tried rather than trusted"
+        )
+    return b
+
+
+def _prior_costs(history: History) -> dict[str, float]:
+    """Draft costs c_d measured in earlier epochs (costs outlive model and route changes)."""
+    out: dict[str, float] = {}
+    for epoch in range(history.epoch):
+        trials = history.in_epoch(epoch)
+        if not trials:
+            continue
+        inc = _arm_of(trials[0].incumbent)
+        if inc is None:
+            continue
+        past = History(history.trials, history.baseline, epoch, history.promotions)
+        space = _space_from(trials)
+        beliefs = build_beliefs(space, past, inc, True, 0) if space.drafters else None
+        if beliefs is not None:
+            out.update(beliefs.costs)
+    return out
+
+
+def _space_from(trials: Sequence[TrialRecord]) -> SearchSpace:
+    from spectune.search.policy import DrafterSpec
+
+    ks: dict[str, int] = {}
+    for t in trials:
+        for name in (t.arm, t.incumbent):
+            arm = _arm_of(name)
+            if arm is not None and arm.drafter is not None:
+                ks[arm.drafter] = max(ks.get(arm.drafter, 0), arm.k)
+    return SearchSpace(tuple(DrafterSpec(d, "", k) for d, k in sorted(ks.items())))

@@ -1,0 +1,241 @@
+r"""spectune's policy: model-based best-arm identification with a Bayesian challenger.
+
+Each decision rebuilds beliefs about every arm from the history (``search/model.py``): arms
+that were measured on the canary carry their paired, windowed objective ratio to the
+incumbent; the rest carry the model's prediction from the acceptance curves and draft costs
+measured so far. Then:
+
+1. **Required evidence.** The model cannot speak about a drafter whose acceptance it has
+   never seen, nor about costs before it knows what ``off`` does on this traffic, so such a
+   drafter is tried once at its largest ``k`` (which gives the curve for every smaller
+   ``k``) and ``off`` once — unless an earlier epoch's draft costs already pin ``off``
+   down.
+2. **Leader.** The arm with the best posterior mean. An unmeasured leader is tried (we never
+   promote on a prediction alone).
+3. **Stop.** With posterior samples, the probability that the leader is within ε of the
+   best arm; at :math:`\ge 1-\delta` the leader is promoted (a measured leader never loses
+   to the incumbent in expectation, since the incumbent is the reference at 0).
+4. **Challenger.** Otherwise the arm most likely to beat the leader by more than ε is tried
+   next — the top-two Thompson rule (Russo 2016), which spends trials on the arms that can
+   still change the answer instead of on every arm (UCB1/ε-greedy have no model and must
+   visit arms to learn them; BanditSpec, Hou et al. 2025, is UCB-style over a small set).
+
+Guardrails close a trial within its first window when the canary's TTFT p95 or queue-time
+p95 is worse than the incumbent's beyond the tolerance with confidence (the canary's lower
+bound above the incumbent's upper bound); the arm is never proposed again this epoch. An
+arm that cannot start excludes its drafter (its memory, not its ``k``, is the problem).
+
+References
+----------
+.. [1] D. Russo, "Simple Bayesian algorithms for best arm identification", COLT 2016.
+.. [2] Y. Hou et al., "BanditSpec: Adaptive speculative decoding via bandit algorithms",
+       ICML 2025.
+.. [3] X. Liu et al., "TurboSpec / SmartSpec: goodput-optimised speculative decoding",
+       2024–2025 (cost of verification growing with batch size).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from spectune.search.arms import OFF, Arm, parse_arm
+from spectune.search.history import History, Outcome, TrialRecord
+from spectune.search.model import ArmBelief, Beliefs, build_beliefs
+from spectune.search.objective import Guardrails, WindowStats
+from spectune.search.policy import Decision, DecisionKind, Estimate, TuningContext
+
+__all__ = ["SpectunePolicy", "guardrail_breach"]
+
+#: At most this many windows for one trial when the canary finishes too few requests.
+MAX_WINDOWS_PER_TRIAL = 3
+#: Posterior samples for the stopping rule and the challenger.
+SAMPLES = 4000
+#: Seconds added to a tolerance so that a p95 near zero (no queueing) cannot "regress" on
+#: noise: the resolution of vLLM's smallest latency buckets.
+ABSOLUTE_SLACK_S = 0.01
+
+
+def guardrail_breach(can: WindowStats, inc: WindowStats, g: Guardrails) -> str | None:
+    """Why the canary breaks a guardrail against the incumbent in this window, or None."""
+    checks = (
+        ("TTFT p95", g.max_ttft_p95_regression, can.ttft_p95_low, inc.ttft_p95_high,
+         can.ttft_p95, inc.ttft_p95),
+        ("queue p95", g.max_queue_p95_regression, can.queue_p95_low, inc.queue_p95_high,
+         can.queue_p95, inc.queue_p95),
+    )  # fmt: skip
+    for label, tol, can_low, inc_high, can_v, inc_v in checks:
+        if tol is None or math.isnan(can_low) or math.isnan(inc_high):
+            continue
+        line = inc_high * (1 + tol) + ABSOLUTE_SLACK_S
+        if can_low > line:
+            return (
+                f"{label} {can_v:.3f}s vs incumbent {inc_v:.3f}s: beyond +{tol:.0%} with confidence"
+            )
+    return None
+
+
+class SpectunePolicy:
+    """The ``spectune`` policy (see the module docstring)."""
+
+    name = "spectune"
+
+    def decide(self, ctx: TuningContext, history: History) -> Decision:
+        """The next step, rebuilt from the history alone."""
+        epoch = history.in_epoch()
+        running = epoch[-1] if epoch and epoch[-1].outcome is Outcome.RUNNING else None
+        end: Outcome | None = None
+        if running is not None and running.windows:
+            verdict = self._close(ctx, running)
+            if verdict is None:
+                return Decision(
+                    DecisionKind.TRIAL,
+                    parse_arm(running.arm),
+                    f"{running.arm}: too few canary requests so far; measuring another window",
+                )
+            end, why = verdict
+            history = history.update_last(running.ended(end, why))
+            if end is Outcome.ABORTED:
+                return self._next(ctx, history, end, f"guardrail: {why}")
+        return self._next(ctx, history, end, "")
+
+    # -- a running trial -------------------------------------------------------------------
+
+    def _close(self, ctx: TuningContext, t: TrialRecord) -> tuple[Outcome, str] | None:
+        last = t.windows[-1]
+        if last.canary is not None and last.incumbent is not None:
+            why = guardrail_breach(last.canary, last.incumbent, ctx.objective.guardrails)
+            if why is not None:
+                return Outcome.ABORTED, why
+        requests = sum(w.canary.requests for w in t.windows if w.canary is not None)
+        if requests < ctx.min_requests and len(t.windows) < MAX_WINDOWS_PER_TRIAL:
+            return None
+        return Outcome.MEASURED, f"{len(t.windows)} window(s), {requests:.0f} canary requests"
+
+    # -- the next arm ----------------------------------------------------------------------
+
+    def _next(
+        self, ctx: TuningContext, history: History, end: Outcome | None, prefix: str
+    ) -> Decision:
+        minimise = ctx.objective.metric.minimise
+        beliefs = build_beliefs(ctx.space, history, ctx.incumbent, minimise, ctx.min_requests)
+        bad_drafters = {
+            a.drafter
+            for t in history.in_epoch()
+            if t.outcome is Outcome.INFEASIBLE and (a := parse_arm(t.arm)).drafter
+        }
+        for name in list(beliefs.arms):
+            if beliefs.arms[name].arm.drafter in bad_drafters:
+                del beliefs.arms[name]
+        estimates = _estimates(beliefs, minimise)
+        tried = {t.arm for t in history.in_epoch()}
+        trials = len(history.in_epoch())
+
+        def decision(kind: DecisionKind, arm: Arm, why: str) -> Decision:
+            reason = f"{prefix}; {why}" if prefix else why
+            if beliefs.notes:
+                reason += " (" + "; ".join(beliefs.notes) + ")"
+            return Decision(kind, arm, reason, end, estimates)
+
+        if trials >= ctx.max_trials:
+            leader = _leader(beliefs, measured_only=True) or ctx.incumbent
+            return decision(DecisionKind.PROMOTE, leader, f"trial budget of {ctx.max_trials} spent")
+
+        # 1. Evidence the model needs before it can predict.
+        if beliefs.needs_off and OFF.name not in tried and OFF.name not in beliefs.excluded:
+            return decision(DecisionKind.TRIAL, OFF, "measuring off to learn what drafting costs")
+        for d in ctx.space.drafters:
+            if d.name in beliefs.unexplored_drafters and d.name not in bad_drafters:
+                arm = Arm(d.name, d.max_k)
+                if arm.name not in tried:
+                    return decision(
+                        DecisionKind.TRIAL,
+                        arm,
+                        f"measuring {d.name}'s acceptance at k = {d.max_k}, which predicts "
+                        "every smaller k",
+                    )
+
+        # 2. The leader.
+        best = _leader(beliefs, measured_only=False)
+        if best is None:
+            return decision(DecisionKind.PROMOTE, ctx.incumbent, "no candidate can be estimated")
+        leader = best
+        lb = beliefs.arms[leader.name]
+        if not lb.measured:
+            return decision(
+                DecisionKind.TRIAL,
+                leader,
+                f"predicted best: {_describe(lb, minimise, ctx)}; confirming on the canary",
+            )
+
+        # 3. Stop when the leader is ε-best with probability 1 − δ.
+        names = list(beliefs.arms)
+        means = np.array([beliefs.arms[n].loss for n in names])
+        spreads = np.array([beliefs.arms[n].spread for n in names])
+        rng = np.random.default_rng([ctx.seed, history.epoch, trials, _windows(history)])
+        draws = rng.normal(means, spreads, size=(SAMPLES, len(names)))
+        li = names.index(leader.name)
+        tol = math.log(1 + ctx.epsilon)
+        p_ok = float(np.mean(draws[:, li] <= draws.min(axis=1) + tol))
+        if p_ok >= 1 - ctx.delta:
+            return decision(
+                DecisionKind.PROMOTE,
+                leader,
+                f"{leader.name} is within {ctx.epsilon:.0%} of the best with probability "
+                f"{p_ok:.2f}: {_describe(lb, minimise, ctx)}",
+            )
+
+        # 4. The challenger most likely to beat the leader by more than ε.
+        beats = np.mean(draws < draws[:, [li]] - tol, axis=0)
+        beats[li] = -1.0
+        ci = int(np.argmax(beats))
+        challenger = beliefs.arms[names[ci]].arm
+        if beats[ci] <= 0 or challenger.name == ctx.incumbent.name:
+            return decision(
+                DecisionKind.PROMOTE,
+                leader,
+                f"no arm is likely to beat {leader.name} (P(within ε) = {p_ok:.2f})",
+            )
+        cb = beliefs.arms[challenger.name]
+        return decision(
+            DecisionKind.TRIAL,
+            challenger,
+            f"{challenger.name} may beat {leader.name} (P = {beats[ci]:.2f}): "
+            f"{_describe(cb, minimise, ctx)}",
+        )
+
+
+def _leader(b: Beliefs, measured_only: bool) -> Arm | None:
+    pool = [x for x in b.arms.values() if x.measured or not measured_only]
+    if not pool:
+        return None
+    # Ties go to the arm with less drafting (cheaper, fewer moving parts).
+    return min(pool, key=lambda x: (round(x.loss, 9), x.arm.k)).arm
+
+
+def _windows(h: History) -> int:
+    return sum(len(t.windows) for t in h.trials) + len(h.baseline)
+
+
+def _estimates(b: Beliefs, minimise: bool) -> dict[str, Estimate]:
+    sign = 1.0 if minimise else -1.0
+    out = {}
+    for name, x in b.arms.items():
+        v = math.exp(sign * x.loss)
+        lo, hi = (
+            math.exp(sign * (x.loss - 1.96 * x.spread)),
+            math.exp(sign * (x.loss + 1.96 * x.spread)),
+        )
+        out[name] = Estimate(v, min(lo, hi), max(lo, hi), x.measured)
+    return out
+
+
+def _describe(x: ArmBelief, minimise: bool, ctx: TuningContext) -> str:
+    sign = 1.0 if minimise else -1.0
+    ratio = math.exp(sign * x.loss)
+    how = "measured" if x.measured else "predicted"
+    return (
+        f"{x.arm.name} {how} at {ratio:.2f}× the incumbent's {ctx.objective.metric.value} "
+        f"(±{100 * (math.exp(1.96 * x.spread) - 1):.0f} %)"
+    )
