@@ -19,6 +19,10 @@ measured so far. Then:
    next — the top-two Thompson rule (Russo 2016), which spends trials on the arms that can
    still change the answer instead of on every arm (UCB1/ε-greedy have no model and must
    visit arms to learn them; BanditSpec, Hou et al. 2025, is UCB-style over a small set).
+   An arm whose chance of beating the leader by ε is below δ is not worth a restart, so
+   when no challenger reaches δ the leader is promoted. The arm on the canary is extended
+   by another window (no restart) while it is in the race, up to three windows; an arm
+   is restarted at most twice per epoch.
 
 Guardrails close a trial within its first window when the canary's TTFT p95 or queue-time
 p95 is worse than the incumbent's beyond the tolerance with confidence (the canary's lower
@@ -50,6 +54,8 @@ __all__ = ["SpectunePolicy", "guardrail_breach"]
 
 #: At most this many windows for one trial when the canary finishes too few requests.
 MAX_WINDOWS_PER_TRIAL = 3
+#: An arm already tried this often in an epoch is not restarted again as a challenger.
+MAX_TRIALS_PER_ARM = 2
 #: Posterior samples for the stopping rule and the challenger.
 SAMPLES = 4000
 #: Seconds added to a tolerance so that a p95 near zero (no queueing) cannot "regress" on
@@ -95,10 +101,13 @@ class SpectunePolicy:
                     f"{running.arm}: too few canary requests so far; measuring another window",
                 )
             end, why = verdict
-            history = history.update_last(running.ended(end, why))
             if end is Outcome.ABORTED:
-                return self._next(ctx, history, end, f"guardrail: {why}")
-        return self._next(ctx, history, end, "")
+                history = history.update_last(running.ended(end, why))
+                return self._next(ctx, history, end, f"guardrail: {why}", None)
+            # Keep the running trial's windows in the evidence while deciding whether one
+            # more window of it (no restart) is worth more than moving on.
+            return self._next(ctx, history, end, "", running)
+        return self._next(ctx, history, end, "", None)
 
     # -- a running trial -------------------------------------------------------------------
 
@@ -116,7 +125,12 @@ class SpectunePolicy:
     # -- the next arm ----------------------------------------------------------------------
 
     def _next(
-        self, ctx: TuningContext, history: History, end: Outcome | None, prefix: str
+        self,
+        ctx: TuningContext,
+        history: History,
+        end: Outcome | None,
+        prefix: str,
+        running: TrialRecord | None,
     ) -> Decision:
         minimise = ctx.objective.metric.minimise
         beliefs = build_beliefs(ctx.space, history, ctx.incumbent, minimise, ctx.min_requests)
@@ -131,6 +145,9 @@ class SpectunePolicy:
         estimates = _estimates(beliefs, minimise)
         tried = {t.arm for t in history.in_epoch()}
         trials = len(history.in_epoch())
+        attempts: dict[str, int] = {}
+        for t in history.in_epoch():
+            attempts[t.arm] = attempts.get(t.arm, 0) + 1
 
         def decision(kind: DecisionKind, arm: Arm, why: str) -> Decision:
             reason = f"{prefix}; {why}" if prefix else why
@@ -186,12 +203,28 @@ class SpectunePolicy:
                 f"{p_ok:.2f}: {_describe(lb, minimise, ctx)}",
             )
 
-        # 4. The challenger most likely to beat the leader by more than ε.
+        # 4. The challenger most likely to beat the leader by more than ε. An arm on the
+        # canary right now is extended by a window (no restart) if it is in the race; an
+        # arm tried MAX_TRIALS_PER_ARM times is not restarted again.
         beats = np.mean(draws < draws[:, [li]] - tol, axis=0)
         beats[li] = -1.0
+        if running is not None and len(running.windows) < MAX_WINDOWS_PER_TRIAL:
+            ri = names.index(running.arm) if running.arm in names else -1
+            if ri >= 0 and (ri == li or beats[ri] >= ctx.delta):
+                return Decision(
+                    DecisionKind.TRIAL,
+                    parse_arm(running.arm),
+                    f"{running.arm} is still in the race (P(within ε) = {p_ok:.2f}); "
+                    "measuring another window",
+                    None,
+                    estimates,
+                )
+        for i, n in enumerate(names):
+            if i != li and attempts.get(n, 0) >= MAX_TRIALS_PER_ARM:
+                beats[i] = -1.0
         ci = int(np.argmax(beats))
         challenger = beliefs.arms[names[ci]].arm
-        if beats[ci] <= 0 or challenger.name == ctx.incumbent.name:
+        if beats[ci] < ctx.delta or challenger.name == ctx.incumbent.name:
             return decision(
                 DecisionKind.PROMOTE,
                 leader,

@@ -1,0 +1,177 @@
+"""The spectune policy against a fake world with known physics (no simulator).
+
+The fake world answers each trial window with the figures an arm would produce under a
+closed-form model: per-token latency T_off·(1 + c·k)/E(k), p95 = 1.25 × mean, tight
+quantile intervals, and per-position acceptance counts from a decaying curve. With the
+truth known, the tests check that the policy finds the best arm with few trials, that it
+never promotes on a prediction alone, that guardrails abort, and that it is a pure function
+of the history.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pytest
+
+from spectune.search.arms import OFF, Arm, parse_arm
+from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
+from spectune.search.objective import Objective, WindowStats
+from spectune.search.policy import DecisionKind, DrafterSpec, SearchSpace, TuningContext
+from spectune.search.spectune_policy import SpectunePolicy
+
+
+@dataclass
+class FakeWorld:
+    """Known physics: per drafter a per-token rate a (decay d) and a draft cost c."""
+
+    drafters: dict[str, tuple[float, float, float]]  # name -> (a, decay, c)
+    t_off: float = 0.030
+    drafts: float = 50_000
+    ttft_penalty: dict[str, float] = field(default_factory=dict)
+
+    def survival(self, drafter: str, k: int) -> list[float]:
+        a, decay, _ = self.drafters[drafter]
+        out, s = [], 1.0
+        for i in range(k):
+            s *= a * decay**i
+            out.append(s)
+        return out
+
+    def tpot(self, arm: Arm) -> float:
+        if arm.is_off:
+            return self.t_off
+        assert arm.drafter is not None
+        c = self.drafters[arm.drafter][2]
+        e = 1 + sum(self.survival(arm.drafter, arm.k))
+        return self.t_off * (1 + c * arm.k) / e
+
+    def stats(self, arm: Arm) -> WindowStats:
+        t = self.tpot(arm)
+        p95 = 1.25 * t
+        ttft = 0.2 * (1 + self.ttft_penalty.get(arm.name, 0.0))
+        surv = self.survival(arm.drafter, arm.k) if arm.drafter else []
+        return WindowStats(
+            objective=p95, objective_low=p95 * 0.98, objective_high=p95 * 1.02,
+            requests=200, tpot_mean=t, tpot_p95=p95,
+            ttft_p95=ttft, ttft_p95_low=ttft * 0.97, ttft_p95_high=ttft * 1.03,
+            queue_p95=0.0, queue_p95_low=0.0, queue_p95_high=0.0, e2e_p95=5.0,
+            tokens_per_s=100.0, running=4.0, pods=1, k=len(surv),
+            drafts=self.drafts if surv else 0.0,
+            accepted_per_pos=tuple(self.drafts * s for s in surv),
+            mean_accepted_length=1 + sum(surv), num_gpu_blocks=1000, preemptions=0.0,
+        )  # fmt: skip
+
+    def best(self, space: SearchSpace) -> Arm:
+        return min(space.arms(), key=self.tpot)
+
+
+SPACE = SearchSpace((DrafterSpec("eagle3", "eagle3", 8), DrafterSpec("ngram", "ngram", 8)))
+
+
+def run_policy(
+    world: FakeWorld, incumbent: Arm, space: SearchSpace = SPACE, history: History | None = None
+) -> tuple[Arm, History, int]:
+    """Drive the policy against the fake world until it promotes; return (arm, history, trials)."""
+    policy = SpectunePolicy()
+    history = history or History(baseline=((0, WindowRecord(0, 300, world.stats(incumbent),
+                                                              None, incumbent.name)),))  # fmt: skip
+    now = 300.0
+    for _ in range(40):
+        ctx = TuningContext(space, Objective(), incumbent, now, max_trials=12, seed=1)
+        d = policy.decide(ctx, history)
+        epoch = history.in_epoch()
+        if epoch and epoch[-1].outcome is Outcome.RUNNING and d.end_running is not None:
+            history = history.update_last(epoch[-1].ended(d.end_running, d.reason))
+        if d.kind is DecisionKind.PROMOTE:
+            assert d.arm is not None
+            return d.arm, history, len(history.in_epoch())
+        assert d.kind is DecisionKind.TRIAL and d.arm is not None
+        epoch = history.in_epoch()
+        running = epoch[-1] if epoch and epoch[-1].outcome is Outcome.RUNNING else None
+        if running is None or running.arm != d.arm.name:
+            if running is not None:
+                history = history.update_last(running.ended(Outcome.MEASURED, "next"))
+            history = history.add_trial(TrialRecord(d.arm.name, incumbent.name, history.epoch, now))
+            running = history.in_epoch()[-1]
+        w = WindowRecord(now, now + 300, world.stats(incumbent), world.stats(d.arm), incumbent.name)
+        history = history.update_last(running.with_window(w))
+        now += 480
+    raise AssertionError("the policy never promoted")
+
+
+WORLDS = {
+    "chat: eagle3 wins at a small k": FakeWorld({"eagle3": (0.8, 0.97, 0.08), "ngram": (0.3, 0.9, 0.01)}),
+    "copy-heavy: ngram wins": FakeWorld({"eagle3": (0.6, 0.95, 0.08), "ngram": (0.85, 0.98, 0.01)}),
+    "expensive drafters: off wins": FakeWorld({"eagle3": (0.5, 0.9, 0.6), "ngram": (0.2, 0.9, 0.3)}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(WORLDS))
+@pytest.mark.parametrize("incumbent", ["eagle3/5", "off"])
+def test_finds_an_arm_within_two_percent_of_the_best_with_few_trials(
+    name: str, incumbent: str
+) -> None:
+    world = WORLDS[name]
+    arm, history, trials = run_policy(world, parse_arm(incumbent))
+    best = world.best(SPACE)
+    assert world.tpot(arm) <= world.tpot(best) * 1.02, (arm.name, best.name)
+    # Grid would try 17 arms; the model needs off, each drafter once, and a confirmation.
+    assert trials <= 6, [t.arm for t in history.in_epoch()]
+
+
+def test_never_promotes_an_arm_it_has_not_measured() -> None:
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    arm, history, _ = run_policy(world, parse_arm("eagle3/8"))
+    measured = {t.arm for t in history.in_epoch() if t.windows} | {"eagle3/8"}
+    assert arm.name in measured
+
+
+def test_a_canary_that_breaks_the_ttft_guardrail_is_aborted_and_not_retried() -> None:
+    world = replace(WORLDS["chat: eagle3 wins at a small k"], ttft_penalty={"ngram/8": 0.6})
+    arm, history, _ = run_policy(world, parse_arm("eagle3/5"))
+    ngram = [t for t in history.in_epoch() if t.arm == "ngram/8"]
+    assert len(ngram) == 1 and ngram[0].outcome is Outcome.ABORTED
+    assert "TTFT p95" in ngram[0].reason
+    assert ngram[0].windows and len(ngram[0].windows) == 1
+    assert arm.name != "ngram/8"
+
+
+def test_an_arm_that_cannot_start_excludes_its_drafter() -> None:
+    world = WORLDS["copy-heavy: ngram wins"]
+    history = History(
+        baseline=((0, WindowRecord(0, 300, world.stats(OFF), None, "off")),),
+        trials=(TrialRecord("ngram/8", "off", 0, 300, Outcome.INFEASIBLE, "CUDA out of memory"),),
+    )
+    arm, history, _ = run_policy(world, OFF, history=history)
+    assert arm.drafter != "ngram"
+    assert not any(t.arm.startswith("ngram") for t in history.in_epoch()[1:])
+
+
+def test_the_decision_is_a_pure_function_of_the_history() -> None:
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    _, history, _ = run_policy(world, parse_arm("eagle3/5"))
+    partial = History(history.trials[:2], history.baseline, history.epoch)
+    ctx = TuningContext(SPACE, Objective(), parse_arm("eagle3/5"), 0.0, seed=1)
+    a = SpectunePolicy().decide(ctx, partial)
+    b = SpectunePolicy().decide(ctx, History.from_json(partial.to_json()))
+    assert (a.kind, a.arm, a.reason) == (b.kind, b.arm, b.reason)
+
+
+def test_without_per_position_data_it_tries_neighbouring_k() -> None:
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    space = replace(SPACE, per_position=False)
+
+    def no_positions(arm: Arm) -> WindowStats:
+        return replace(FakeWorld.stats(world, arm), accepted_per_pos=(), drafts=0.0)
+
+    world_np = replace(world)
+    world_np.stats = no_positions  # type: ignore[method-assign]
+    arm, history, trials = run_policy(world_np, parse_arm("eagle3/5"), space=space)
+    assert world.tpot(arm) <= world.tpot(world.best(space)) * 1.05
+    _, _, trials_with = run_policy(world, parse_arm("eagle3/5"))
+    assert trials >= trials_with
+    assert math.isfinite(world.tpot(arm))
+    assert np.isfinite(trials)
