@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
-from tests.fixtures.cluster import Cluster, wait_for
+from tests.fixtures.cluster import SCRIPT, Cluster, wait_for
 
 
 def test_server_and_kubectl_report_the_pinned_version(cluster: Cluster) -> None:
@@ -24,8 +27,6 @@ def test_server_and_kubectl_report_the_pinned_version(cluster: Cluster) -> None:
 def test_all_components_listen_on_loopback_only(cluster: Cluster) -> None:
     pids = {pid for pid, _ in cluster.recorded_pids()}
     assert len(pids) == 5
-    import subprocess
-
     ss = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
     ours = [line for line in ss.splitlines() if any(f"pid={pid}," in line for pid in pids)]
     assert ours, f"no listening sockets found for {pids}:\n{ss}"
@@ -176,3 +177,24 @@ def test_patch_watch_conflict_and_status_subresource(
     st = custom.patch_namespaced_custom_object_status(*args, "w", {"status": {"phase": "Ready"}})
     assert st["status"] == {"phase": "Ready"}
     assert st["metadata"]["generation"] == 2
+
+
+def test_cluster_script_env_prints_only_exports(cluster: Cluster, tmp_path: Path) -> None:
+    def env_out(state: Path) -> list[str]:
+        env = dict(os.environ, SPECTUNE_CLUSTER_STATE=str(state))
+        proc = subprocess.run(
+            ["bash", str(SCRIPT), "env"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        return proc.stdout.splitlines()
+
+    up = env_out(cluster.state_file)
+    assert all(line.startswith("export ") for line in up), up
+    assert f"export KUBECONFIG={cluster.kubeconfig}" in up
+    assert f'export PATH={cluster.bin_dir}:"$PATH"' in up
+    # no cluster recorded: PATH only
+    assert env_out(tmp_path / "no-such.state") == [f'export PATH={cluster.bin_dir}:"$PATH"']
