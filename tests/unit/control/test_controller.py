@@ -1,0 +1,208 @@
+"""The tuning loop over fake ports: a fake fleet with known physics, a fake clock.
+
+The fakes stand in for the bodies (Kubernetes or the simulator): the actuator restarts
+canaries after a delay and reports failures, the metrics port turns the fake world's
+per-arm figures into Observations with real histograms and counters, the clock is
+virtual. The loop itself is the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+
+from spectune.control.controller import (
+    Controller,
+    ControllerConfig,
+    ControllerState,
+    DriftAction,
+    Event,
+    Phase,
+)
+from spectune.control.ports import Deployment, Group
+from spectune.engines import Dialect
+from spectune.metrics import Histogram, Observation, SpecCounts
+from spectune.search.arms import Arm, parse_arm
+from spectune.search.history import History, Outcome
+from spectune.search.objective import Objective
+from spectune.search.policy import DrafterSpec, SearchSpace
+from spectune.search.spectune_policy import SpectunePolicy
+from tests.unit.search.test_spectune_policy import FakeWorld
+
+BOUNDS = tuple(0.001 * i for i in range(1, 200)) + (math.inf,)
+
+
+def fake_hist(center: float, n: float = 400) -> Histogram:
+    """n observations spread evenly over ±25 % around ``center``."""
+    values = [center * (0.75 + 0.5 * (i + 0.5) / 20) for i in range(20)]
+    cum = tuple(sum(n / 20 for v in values if v <= b) for b in BOUNDS)
+    return Histogram(BOUNDS, cum, sum(values) * n / 20, n)
+
+
+@dataclass
+class FakeClock:
+    t: float = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@dataclass
+class FakeFleet:
+    """Actuator and metrics in one fake: canary restarts take ``restart_s``."""
+
+    world: FakeWorld
+    clock: FakeClock
+    incumbent: Arm
+    restart_s: float = 120.0
+    infeasible: set[str] = field(default_factory=set)
+    model_version: str = "v1"
+    acceptance_scale: float = 1.0
+    canary: Arm | None = None
+    canary_ready_at: float = math.inf
+    starts: list[str] = field(default_factory=list)
+    promotions: list[str] = field(default_factory=list)
+
+    async def deployment(self) -> Deployment:
+        failure = None
+        if self.canary is not None and self.canary.name in self.infeasible:
+            failure = "CUDA out of memory while loading the drafter"
+        ready = self.canary is not None and failure is None and self.clock.t >= self.canary_ready_at
+        return Deployment(self.incumbent, self.canary, ready, failure, False, self.model_version)
+
+    async def start_canary(self, arm: Arm) -> None:
+        self.starts.append(arm.name)
+        self.canary = arm
+        self.canary_ready_at = self.clock.t + self.restart_s
+
+    async def stop_canary(self) -> None:
+        self.canary = None
+
+    async def promote(self, arm: Arm) -> None:
+        self.promotions.append(arm.name)
+        self.incumbent = arm
+
+    def _obs(self, arm: Arm, window: float) -> Observation:
+        s = self.world.stats(arm)
+        spec = None
+        if arm.drafter is not None:
+            per_pos = tuple(v * self.acceptance_scale for v in s.accepted_per_pos)
+            spec = SpecCounts(s.drafts, s.drafts * arm.k, sum(per_pos), per_pos)
+        return Observation(
+            dialect=Dialect.VLLM_V1, window_s=window, pods=("p",), spec=spec, running=4.0,
+            tpot=fake_hist(s.tpot_mean), ttft=fake_hist(0.2), queue=fake_hist(0.01),
+            e2e=fake_hist(5.0), generation_tokens=1000.0 * window,
+        )  # fmt: skip
+
+    async def observe(self, window_s: float) -> dict[Group, Observation]:
+        await self.clock.sleep(window_s)
+        out = {Group.INCUMBENT: self._obs(self.incumbent, window_s)}
+        if self.canary is not None and self.clock.t - window_s >= self.canary_ready_at:
+            out[Group.CANARY] = self._obs(self.canary, window_s)
+        return out
+
+
+SPACE = SearchSpace((DrafterSpec("eagle3", "eagle3", 8), DrafterSpec("ngram", "ngram", 8)))
+WORLD = FakeWorld({"eagle3": (0.8, 0.97, 0.08), "ngram": (0.3, 0.9, 0.01)})
+
+
+def make(
+    fleet: FakeFleet, clock: FakeClock, history: History | None = None, **cfg: object
+) -> tuple[Controller, list[Event]]:
+    events: list[Event] = []
+    config = ControllerConfig(window_s=300, poll_s=30, **cfg)  # type: ignore[arg-type]
+    c = Controller(
+        SpectunePolicy(), fleet, fleet, clock, SPACE, Objective(), config,
+        history=history or History(), on_event=events.append,
+    )  # fmt: skip
+    return c, events
+
+
+def run_until(c: Controller, predicate: object, limit: int = 200) -> None:
+    for _ in range(limit):
+        if predicate():  # type: ignore[operator]
+            return
+        asyncio.run(c.step())
+    raise AssertionError(f"condition not reached; phase {c.state.phase}, events {c.history}")
+
+
+def test_baseline_trials_promotion_then_monitoring() -> None:
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
+    c, events = make(fleet, clock)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    assert fleet.promotions and fleet.incumbent.name == WORLD.best(SPACE).name
+    assert fleet.canary is None  # removed after the search
+    # Each trial waited for its canary, then measured at least one full window.
+    for t in c.history.in_epoch():
+        assert t.outcome is Outcome.MEASURED and t.windows
+        assert t.windows[0].start_s >= t.started_s + fleet.restart_s
+    assert [e.reason for e in events if e.reason == "Promoted"] == ["Promoted"]
+    assert len(fleet.starts) <= 6
+
+
+def test_a_canary_that_cannot_start_is_infeasible_and_skipped() -> None:
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/5"), infeasible={"ngram/8"})
+    c, events = make(fleet, clock)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    ngram = [t for t in c.history.in_epoch() if t.arm == "ngram/8"]
+    assert ngram and ngram[0].outcome is Outcome.INFEASIBLE
+    assert "out of memory" in ngram[0].reason
+    assert any(e.reason == "TrialInfeasible" for e in events)
+    assert not fleet.incumbent.drafter == "ngram"
+
+
+def test_a_model_version_change_reopens_the_search_in_a_new_epoch() -> None:
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
+    c, events = make(fleet, clock)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    fleet.model_version = "v2"
+    asyncio.run(c.step())
+    assert c.history.epoch == 1 and c.state.phase is Phase.BASELINE
+    assert any(e.reason == "Retune" and "v1 → v2" in e.message for e in events)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    # Draft costs carried over from epoch 0, so 'off' need not be measured again.
+    assert "off" not in [t.arm for t in c.history.in_epoch()]
+
+
+def test_an_acceptance_drop_that_persists_is_drift() -> None:
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
+    c, events = make(fleet, clock, drift_for_s=900, drift_action=DriftAction.ALERT)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    asyncio.run(c.step())  # the reference window
+    assert c.state.reference_acceptance is not None
+    fleet.acceptance_scale = 0.7
+    run_until(c, lambda: c.state.phase is Phase.DRIFTED, limit=10)
+    drift = [e for e in events if e.reason == "AcceptanceDrift"]
+    assert len(drift) == 1 and "below" in drift[0].message
+    fleet.acceptance_scale = 1.0
+    run_until(c, lambda: c.state.phase is Phase.MONITORING, limit=5)
+
+
+def test_a_restarted_controller_resumes_without_repeating_a_trial() -> None:
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
+    c, _ = make(fleet, clock)
+    run_until(c, lambda: len(c.history.in_epoch()) >= 2 and c.history.in_epoch()[-1].windows)
+    # "Kill" the controller: keep only what the status would hold, as JSON.
+    saved_history = History.from_json(c.history.to_json())
+    saved_state: ControllerState = c.state
+    finished = [t.arm for t in saved_history.in_epoch() if t.outcome is not Outcome.RUNNING]
+    resumed, _ = make(fleet, clock, history=saved_history)
+    resumed.state = saved_state
+    run_until(resumed, lambda: resumed.state.phase is Phase.MONITORING)
+    # An uninterrupted run from the same start reaches the same arm.
+    clock2 = FakeClock()
+    fleet2 = FakeFleet(WORLD, clock2, parse_arm("eagle3/8"))
+    fresh, _ = make(fleet2, clock2)
+    run_until(fresh, lambda: fresh.state.phase is Phase.MONITORING)
+    assert fleet.incumbent == fleet2.incumbent
+    after = [t.arm for t in resumed.history.in_epoch()][len(saved_history.in_epoch()) :]
+    assert not set(after) & set(finished)
