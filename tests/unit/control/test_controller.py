@@ -30,7 +30,7 @@ from spectune.search.policy import DrafterSpec, SearchSpace
 from spectune.search.spectune_policy import SpectunePolicy
 from tests.unit.search.test_spectune_policy import FakeWorld
 
-BOUNDS = tuple(0.001 * i for i in range(1, 200)) + (math.inf,)
+BOUNDS = (*(0.001 * i for i in range(1, 200)), math.inf)
 
 
 def fake_hist(center: float, n: float = 400) -> Histogram:
@@ -154,7 +154,7 @@ def test_a_canary_that_cannot_start_is_infeasible_and_skipped() -> None:
     assert ngram and ngram[0].outcome is Outcome.INFEASIBLE
     assert "out of memory" in ngram[0].reason
     assert any(e.reason == "TrialInfeasible" for e in events)
-    assert not fleet.incumbent.drafter == "ngram"
+    assert fleet.incumbent.drafter != "ngram"
 
 
 def test_a_model_version_change_reopens_the_search_in_a_new_epoch() -> None:

@@ -103,10 +103,14 @@ def run_policy(
 
 
 WORLDS = {
-    "chat: eagle3 wins at a small k": FakeWorld({"eagle3": (0.8, 0.97, 0.08), "ngram": (0.3, 0.9, 0.01)}),
+    "chat: eagle3 wins at a small k": FakeWorld(
+        {"eagle3": (0.8, 0.97, 0.08), "ngram": (0.3, 0.9, 0.01)}
+    ),
     "copy-heavy: ngram wins": FakeWorld({"eagle3": (0.6, 0.95, 0.08), "ngram": (0.85, 0.98, 0.01)}),
-    "expensive drafters: off wins": FakeWorld({"eagle3": (0.5, 0.9, 0.6), "ngram": (0.2, 0.9, 0.3)}),
-}  # fmt: skip
+    "expensive drafters: off wins": FakeWorld(
+        {"eagle3": (0.5, 0.9, 0.6), "ngram": (0.2, 0.9, 0.3)}
+    ),
+}
 
 
 @pytest.mark.parametrize("name", sorted(WORLDS))
@@ -169,9 +173,7 @@ def test_without_per_position_data_it_tries_neighbouring_k() -> None:
 
     world_np = replace(world)
     world_np.stats = no_positions  # type: ignore[method-assign]
-    arm, history, trials = run_policy(world_np, parse_arm("eagle3/5"), space=space)
+    arm, _, trials = run_policy(world_np, parse_arm("eagle3/5"), space=space)
     assert world.tpot(arm) <= world.tpot(world.best(space)) * 1.05
     _, _, trials_with = run_policy(world, parse_arm("eagle3/5"))
     assert trials >= trials_with
-    assert math.isfinite(world.tpot(arm))
-    assert np.isfinite(trials)
