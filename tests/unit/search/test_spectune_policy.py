@@ -10,10 +10,8 @@ of the history.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 import pytest
 
 from spectune.search.arms import OFF, Arm, parse_arm
