@@ -115,7 +115,8 @@ def test_route_naming_an_unknown_drafter(base_mapping: dict[str, Any]) -> None:
     accept["eagel3"] = accept.pop("eagle3")
     message = _error(lambda: scenario_from_mapping(base_mapping))
     assert message == (
-        "routes[1].acceptance.eagel3: unknown drafter 'eagel3'; drafters are: eagle3, ngram, draft8b"
+        "routes[1].acceptance.eagel3: unknown drafter 'eagel3'; "
+        "drafters are: eagle3, ngram, draft8b"
     )
 
 
