@@ -1,0 +1,280 @@
+"""Deployment objects as the operator changes them: canary clones, promotion patches, fingerprints.
+
+Pure functions over Kubernetes objects as plain dicts (what the API returns as JSON), so
+they are tested without a cluster and used by the operator's actuator (``k8s/actuator.py``)
+with the real API. Arms become container args through ``spectune.engines.args`` only.
+
+Conventions (documented for users in the README):
+
+* a canary is a Deployment ``<target>-spt-<arm-slug>`` whose pod template keeps every label
+  of the target's template (so the target's Service sends it live traffic in proportion to
+  its replicas) and adds ``spectune.io/role=canary``; its own selector adds that label too;
+* every object the operator creates carries an ownerReference to its SpecTuning;
+* the annotation ``spectune.io/fingerprint`` holds the fingerprint of the speculative
+  setting the operator last applied; a target whose args no longer match it was edited by
+  a human, and tuning pauses instead of overwriting the edit.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spectune.engines.args import (
+    SpecConfig,
+    parse_sglang_args,
+    parse_vllm_args,
+    render_sglang_args,
+    render_vllm_args,
+)
+from spectune.errors import SpecError
+from spectune.search.arms import Arm
+
+__all__ = [
+    "ANNOTATION_FINGERPRINT",
+    "ANNOTATION_MODEL_VERSION",
+    "LABEL_ROLE",
+    "DrafterArgs",
+    "canary_deployment",
+    "canary_name",
+    "container_argv",
+    "current_spec",
+    "fingerprint",
+    "human_edit",
+    "model_version",
+    "promote_patch",
+    "spec_config_for",
+]
+
+ANNOTATION_FINGERPRINT = "spectune.io/fingerprint"
+ANNOTATION_MODEL_VERSION = "spectune.io/model-version"
+ANNOTATION_ARM = "spectune.io/arm"
+LABEL_ROLE = "spectune.io/role"
+LABEL_OWNER = "spectune.io/spectuning"
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DrafterArgs:
+    """What the engine needs to run one drafter (from the SpecTuning's ``drafters``)."""
+
+    name: str
+    method: str
+    model: str | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+
+
+def spec_config_for(arm: Arm, drafters: Mapping[str, DrafterArgs]) -> SpecConfig | None:
+    """The engine-neutral speculative config of an arm (None for ``off``)."""
+    if arm.drafter is None:
+        return None
+    d = drafters.get(arm.drafter)
+    if d is None:
+        known = ", ".join(sorted(drafters)) or "none"
+        raise SpecError(f"arm {arm.name}: unknown drafter {arm.drafter!r}; drafters: {known}")
+    return SpecConfig(
+        method=d.method,
+        num_speculative_tokens=arm.k,
+        model=d.model,
+        prompt_lookup_min=d.prompt_lookup_min,
+        prompt_lookup_max=d.prompt_lookup_max,
+        per_batch_size=arm.schedule,
+    )
+
+
+def _container(pod_spec: Obj, name: str | None) -> Obj:
+    containers: list[Obj] = pod_spec.get("containers") or []
+    if not containers:
+        raise SpecError("the target Deployment has no containers")
+    if name is None:
+        return containers[0]
+    for c in containers:
+        if c.get("name") == name:
+            return c
+    names = ", ".join(str(c.get("name")) for c in containers)
+    raise SpecError(f"spec.targetRef.container: no container {name!r}; containers: {names}")
+
+
+def _template_spec(deployment: Obj) -> Obj:
+    spec: Obj = deployment.get("spec", {}).get("template", {}).get("spec", {})
+    return spec
+
+
+def container_argv(deployment: Obj, container: str | None) -> tuple[str, list[str]]:
+    """Which list holds the engine flags (``args`` or ``command``) and its items."""
+    c = _container(_template_spec(deployment), container)
+    args = [str(a) for a in c.get("args") or []]
+    command = [str(a) for a in c.get("command") or []]
+    if args or not command:
+        return "args", args
+    return "command", command
+
+
+def _parse(engine: str, argv: Sequence[str]) -> SpecConfig | None:
+    parsed = parse_sglang_args(argv) if engine == "sglang" else parse_vllm_args(argv)
+    return parsed.spec
+
+
+def current_spec(deployment: Obj, container: str | None, engine: str) -> SpecConfig | None:
+    """The speculative config the Deployment's container runs now."""
+    _, argv = container_argv(deployment, container)
+    return _parse(engine, argv)
+
+
+def fingerprint(spec: SpecConfig | None) -> str:
+    """A short, stable hash of a speculative setting (unrelated args do not change it)."""
+    canonical = "off" if spec is None else spec.to_json()
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _render(engine: str, argv: Sequence[str], spec: SpecConfig | None) -> list[str]:
+    return render_sglang_args(argv, spec) if engine == "sglang" else render_vllm_args(argv, spec)
+
+
+def model_version(deployment: Obj, container: str | None, engine: str) -> str:
+    """What identifies the served model: the annotation if set, else image + model args.
+
+    A change re-opens the search (a new checkpoint has new acceptance).
+    """
+    meta = deployment.get("metadata", {})
+    template_meta = deployment.get("spec", {}).get("template", {}).get("metadata", {})
+    for notes in (meta.get("annotations") or {}, template_meta.get("annotations") or {}):
+        if ANNOTATION_MODEL_VERSION in notes:
+            return str(notes[ANNOTATION_MODEL_VERSION])
+    c = _container(_template_spec(deployment), container)
+    _, argv = container_argv(deployment, container)
+    spec = _parse(engine, argv)
+    model = _model_arg(argv)
+    parts = [str(c.get("image", "")), model, spec.model or "" if spec else ""]
+    return "sha-" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
+
+
+def _model_arg(argv: Sequence[str]) -> str:
+    """The served model: ``--model X``/``--model-path X`` or the positional after ``serve``."""
+    for i, tok in enumerate(argv):
+        for flag in ("--model", "--model-path"):
+            if tok == flag and i + 1 < len(argv):
+                return argv[i + 1]
+            if tok.startswith(flag + "="):
+                return tok.split("=", 1)[1]
+    for i, tok in enumerate(argv[:-1]):
+        if tok == "serve":
+            return argv[i + 1]
+    return ""
+
+
+def canary_name(target: str, arm: Arm) -> str:
+    """``<target>-spt-<arm slug>``, a valid DNS-1123 name of at most 63 characters."""
+    slug = re.sub(r"[^a-z0-9]+", "-", arm.name.lower()).strip("-")
+    name = f"{target}-spt-{slug}"
+    if len(name) > 63:
+        digest = hashlib.sha256(arm.name.encode()).hexdigest()[:8]
+        name = f"{target[: 63 - 14]}-spt-{digest}"
+    return name
+
+
+def _owner(spt: Obj) -> Obj:
+    meta = spt["metadata"]
+    return {
+        "apiVersion": spt.get("apiVersion", "spectune.io/v1alpha1"),
+        "kind": spt.get("kind", "SpecTuning"),
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def canary_deployment(
+    target: Obj,
+    arm: Arm,
+    drafters: Mapping[str, DrafterArgs],
+    spt: Obj,
+    replicas: int,
+    container: str | None,
+    engine: str,
+) -> Obj:
+    """A canary Deployment running ``arm``, cloned from the target.
+
+    Keeps the target's pod template (image, resources, volumes, env, every label the Service
+    selects on), renders the arm into the engine container's flags, and owns it by the
+    SpecTuning so it disappears with it.
+    """
+    spec = spec_config_for(arm, drafters)
+    name = canary_name(target["metadata"]["name"], arm)
+    template = copy.deepcopy(target["spec"]["template"])
+    tmeta = template.setdefault("metadata", {})
+    labels = dict(tmeta.get("labels") or {})
+    labels[LABEL_ROLE] = "canary"
+    tmeta["labels"] = labels
+    annotations = dict(tmeta.get("annotations") or {})
+    annotations[ANNOTATION_ARM] = arm.name
+    tmeta["annotations"] = annotations
+    c = _container(template["spec"], container)
+    field, argv = container_argv({"spec": {"template": template}}, container)
+    c[field] = _render(engine, argv, spec)
+    selector = copy.deepcopy(target["spec"]["selector"])
+    match = dict(selector.get("matchLabels") or {})
+    match[LABEL_ROLE] = "canary"
+    selector["matchLabels"] = match
+    spt_name = spt["metadata"]["name"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": target["metadata"]["namespace"],
+            "labels": {LABEL_OWNER: spt_name, LABEL_ROLE: "canary"},
+            "annotations": {ANNOTATION_ARM: arm.name, ANNOTATION_FINGERPRINT: fingerprint(spec)},
+            "ownerReferences": [_owner(spt)],
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": selector,
+            "template": template,
+            "strategy": copy.deepcopy(target["spec"].get("strategy", {"type": "RollingUpdate"})),
+            "progressDeadlineSeconds": target["spec"].get("progressDeadlineSeconds", 600),
+        },
+    }
+
+
+def promote_patch(
+    target: Obj,
+    arm: Arm,
+    drafters: Mapping[str, DrafterArgs],
+    container: str | None,
+    engine: str,
+) -> Obj:
+    """A strategic-merge patch that rolls the target onto ``arm`` and records its fingerprint.
+
+    Only the engine container's flag list and two annotations change; the Deployment's
+    rolling-update strategy replaces the pods.
+    """
+    spec = spec_config_for(arm, drafters)
+    c = _container(_template_spec(target), container)
+    field, argv = container_argv(target, container)
+    return {
+        "metadata": {
+            "annotations": {ANNOTATION_FINGERPRINT: fingerprint(spec), ANNOTATION_ARM: arm.name}
+        },
+        "spec": {
+            "template": {
+                "spec": {"containers": [{"name": c["name"], field: _render(engine, argv, spec)}]}
+            }
+        },
+    }
+
+
+def human_edit(target: Obj, container: str | None, engine: str) -> bool:
+    """Whether the target's speculative setting differs from what the operator applied."""
+    annotations = target.get("metadata", {}).get("annotations") or {}
+    applied = annotations.get(ANNOTATION_FINGERPRINT)
+    if applied is None:
+        return False  # never touched by the operator
+    return bool(fingerprint(current_spec(target, container, engine)) != applied)
