@@ -41,11 +41,14 @@ goenv() {  # run go quietly niced, 2 parallel jobs, static binaries
   CGO_ENABLED=0 GOFLAGS="-buildvcs=false -p=${SPECTUNE_GO_JOBS:-2}" GOTOOLCHAIN=local nice -n 10 "$GO" "$@"
 }
 
-# step NAME FUNC: run FUNC unless the stamp for NAME matches; print what is built and how long it took.
+# step NAME FUNC BINARY...: run FUNC unless the stamp for NAME matches and every BINARY exists;
+# print what is built and how long it took.
 step() {
-  local name=$1 fn=$2 stamp="$STAMPS/$1" t0 t1
-  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$KEY" ]; then
-    log "$name: cached ($BIN)"
+  local name=$1 fn=$2 stamp="$STAMPS/$1" t0 t1 b have=1
+  shift 2
+  for b in "$@"; do [ -x "$BIN/$b" ] || have=0; done
+  if [ "$have" = 1 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$KEY" ]; then
+    log "$name: cached ($*)"
     return 0
   fi
   mkdir -p "$LOGS" "$BIN" "$STAMPS"
@@ -153,14 +156,19 @@ build_helm() {
 
 cmd_build() {
   local t0; t0=$(date +%s)
-  command -v openssl >/dev/null || die "openssl is required (apt-get install openssl)"
+  local t
+  for t in openssl python3 flock; do command -v "$t" >/dev/null || die "$t is required to build"; done
   "$GO" version >/dev/null 2>&1 || die "Go toolchain not found (looked for 'go' on PATH and /usr/local/go/bin/go)"
   log "versions: $KEY; cache: $CACHE"
+  mkdir -p "$CACHE_ROOT"
+  # one build at a time per cache root (the test fixture and the CI script may both call `build`)
+  exec 9>"$CACHE_ROOT/build.lock"
+  flock 9
   local only=${1:-all}
-  case $only in all|etcd) step etcd build_etcd ;; esac
-  case $only in all|k8s) step k8s build_k8s ;; esac
-  case $only in all|kwok) step kwok build_kwok ;; esac
-  case $only in all|helm) step helm build_helm ;; esac
+  case $only in all|etcd) step etcd build_etcd etcd ;; esac
+  case $only in all|k8s) step k8s build_k8s kube-apiserver kube-controller-manager kube-scheduler kubectl ;; esac
+  case $only in all|kwok) step kwok build_kwok kwok ;; esac
+  case $only in all|helm) step helm build_helm helm ;; esac
   log "build done in $(( $(date +%s) - t0 ))s; binaries in $BIN"
 }
 
@@ -284,7 +292,8 @@ print_exports() {  # print_exports [KUBECONFIG]
 }
 
 cmd_up() {
-  local t0; t0=$(date +%s)
+  local t0 t; t0=$(date +%s)
+  for t in openssl curl python3; do command -v "$t" >/dev/null || die "$t is required by 'up'"; done
   need_bins
   local w; w=$(running_workdir)
   [ -z "$w" ] || die "a cluster is already up (work dir $w, state $STATE); run 'hack/cluster.sh down' first"
@@ -383,19 +392,34 @@ NODE
   print_exports "$kc"
 }
 
-stop_pids() {  # stop, in reverse start order, exactly the processes recorded in $WORK/pids
+stop_pids() {  # stop exactly the processes recorded in $WORK/pids: first the clients, then etcd last
   [ -f "$WORK/pids" ] || return 0
-  local pid name lines i deadline
+  local pid name lines=() clients=() servers=() t0
   mapfile -t lines <"$WORK/pids"
   for (( i=${#lines[@]}-1; i>=0; i-- )); do
     read -r pid name <<<"${lines[$i]}"
+    if [ "$name" = etcd ]; then servers+=("$pid $name"); else clients+=("$pid $name"); fi
+  done
+  t0=$(date +%s)
+  stop_group "${clients[@]}"
+  stop_group "${servers[@]}"
+  log "stopped ${#lines[@]} process(es) in $(( $(date +%s) - t0 ))s"
+}
+
+stop_group() {  # SIGTERM every "pid name" given, wait up to 15 s, then SIGKILL what is left
+  local entry pid name deadline
+  for entry in "$@"; do
+    read -r pid name <<<"$entry"
     if alive "$pid" "$name"; then kill -TERM "$pid" 2>/dev/null || true; fi
   done
   deadline=$(( $(date +%s) + 15 ))
-  for (( i=${#lines[@]}-1; i>=0; i-- )); do
-    read -r pid name <<<"${lines[$i]}"
-    while alive "$pid" "$name" && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
-    if alive "$pid" "$name"; then log "$name (pid $pid) ignored SIGTERM; sending SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; fi
+  for entry in "$@"; do
+    read -r pid name <<<"$entry"
+    while alive "$pid" "$name" && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.1; done
+    if alive "$pid" "$name"; then
+      log "$name (pid $pid) still running 15s after SIGTERM; sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
   done
 }
 
