@@ -18,7 +18,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=cluster/versions.env
+# shellcheck source=SCRIPTDIR/cluster/versions.env
 source "$HERE/cluster/versions.env"
 
 CACHE_ROOT=${SPECTUNE_CACHE:-$HOME/.cache/spectune}
@@ -288,6 +288,7 @@ running_workdir() {  # print the work dir of a live cluster recorded in $STATE, 
 
 print_exports() {  # print_exports [KUBECONFIG]
   if [ -n "${1:-}" ]; then printf 'export KUBECONFIG=%q\n' "$1"; fi
+  # shellcheck disable=SC2016  # $PATH is expanded by the shell that evals our output
   printf 'export PATH=%q:"$PATH"\n' "$BIN"
 }
 
@@ -297,6 +298,12 @@ cmd_up() {
   need_bins
   local w; w=$(running_workdir)
   [ -z "$w" ] || die "a cluster is already up (work dir $w, state $STATE); run 'hack/cluster.sh down' first"
+  if [ -f "$STATE" ]; then  # a recorded cluster whose processes are all gone (crash, reboot): clean it up
+    w=$(cat "$STATE")
+    log "removing the stale state of a dead cluster ($w)"
+    if [ -f "$w/pids" ]; then rm -rf "$w"; fi
+    rm -f "$STATE"
+  fi
   if [ -n "${SPECTUNE_CLUSTER_DIR:-}" ]; then
     WORK=$SPECTUNE_CLUSTER_DIR
     [ ! -e "$WORK" ] || [ -z "$(ls -A "$WORK")" ] || die "SPECTUNE_CLUSTER_DIR=$WORK exists and is not empty"
@@ -310,6 +317,7 @@ cmd_up() {
   echo "$WORK" >"$STATE"
   log "work dir: $WORK"
   # on any failure: stop what we started, keep the work dir (logs) for diagnosis
+  # shellcheck disable=SC2154  # rc is assigned inside the trap
   trap 'rc=$?; if [ $rc -ne 0 ]; then log "up failed; stopping the processes it started (logs kept in $WORK/logs)"; stop_pids; rm -f "$STATE"; fi' EXIT
 
   read -r ETCD_PORT ETCD_PEER_PORT API_PORT KCM_PORT SCHED_PORT KWOK_PORT <<<"$(free_ports 6)"
@@ -394,7 +402,7 @@ NODE
 
 stop_pids() {  # stop exactly the processes recorded in $WORK/pids: first the clients, then etcd last
   [ -f "$WORK/pids" ] || return 0
-  local pid name lines=() clients=() servers=() t0
+  local pid name lines=() clients=() servers=() t0 i
   mapfile -t lines <"$WORK/pids"
   for (( i=${#lines[@]}-1; i>=0; i-- )); do
     read -r pid name <<<"${lines[$i]}"
