@@ -39,6 +39,7 @@ __all__ = [
     "ANNOTATION_MODEL_VERSION",
     "LABEL_ROLE",
     "DrafterArgs",
+    "arm_from_spec",
     "canary_deployment",
     "canary_name",
     "container_argv",
@@ -278,3 +279,25 @@ def human_edit(target: Obj, container: str | None, engine: str) -> bool:
     if applied is None:
         return False  # never touched by the operator
     return bool(fingerprint(current_spec(target, container, engine)) != applied)
+
+
+def arm_from_spec(spec: SpecConfig | None, drafters: Mapping[str, DrafterArgs]) -> Arm:
+    """The arm a speculative config runs, naming its drafter as the SpecTuning does.
+
+    A drafter is recognised by its model (model-based methods) or its method (n-gram,
+    suffix, MTP). A config that matches no listed drafter raises
+    :class:`~spectune.errors.SpecError`: the target runs something the SpecTuning does not
+    list, and the user should add it.
+    """
+    if spec is None:
+        return Arm(None)
+    for d in drafters.values():
+        same_model = d.model is not None and d.model == spec.model
+        same_method = d.model is None and spec.model is None and d.method == spec.method
+        if same_model or same_method:
+            return Arm(d.name, spec.num_speculative_tokens, spec.per_batch_size)
+    what = spec.model or spec.method
+    raise SpecError(
+        f"the target runs drafter {what!r}, which spec.drafters does not list; add it so "
+        "spectune can compare against it"
+    )

@@ -1,0 +1,205 @@
+"""The operator's Actuator: canary Deployments and promotions through the Kubernetes API.
+
+One per SpecTuning, built by ``handlers.py`` with the shared ApiClient from kopf's memo.
+The kubernetes client is synchronous; every call runs in a worker thread so the operator's
+event loop never blocks. Conflicts (409) are retried with a fresh read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from spectune.control.ports import Deployment
+from spectune.errors import SourceUnavailableError, SpecError
+from spectune.k8s.deployments import (
+    LABEL_OWNER,
+    LABEL_ROLE,
+    DrafterArgs,
+    arm_from_spec,
+    canary_deployment,
+    current_spec,
+    model_version,
+    promote_patch,
+)
+from spectune.k8s.rollout import Readiness, classify_rollout
+from spectune.search.arms import Arm, parse_arm
+
+__all__ = ["KubeActuator", "TargetMissingError"]
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+
+
+class TargetMissingError(SourceUnavailableError):
+    """The target Deployment does not exist (temporary: it may come back)."""
+
+
+class KubeActuator:
+    """Canary strategy over a real API server.
+
+    Parameters
+    ----------
+    api
+        A configured ``kubernetes.client.ApiClient``.
+    spt
+        The SpecTuning object (``metadata.name``, ``namespace``, ``uid``) that owns canaries.
+    target, container, engine
+        The target Deployment's name, its engine container and the engine dialect.
+    drafters
+        The SpecTuning's drafters by name.
+    canary_replicas
+        Replicas of each canary Deployment.
+    """
+
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        spt: Obj,
+        target: str,
+        container: str | None,
+        engine: str,
+        drafters: Mapping[str, DrafterArgs],
+        canary_replicas: int = 1,
+    ) -> None:
+        self._apps = k8s.AppsV1Api(api)
+        self._core = k8s.CoreV1Api(api)
+        self._api = api
+        self._spt = spt
+        self._ns = spt["metadata"]["namespace"]
+        self._target = target
+        self._container = container
+        self._engine = engine
+        self._drafters = dict(drafters)
+        self._replicas = canary_replicas
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    def _plain(self, obj: Any) -> Obj:
+        plain: Obj = self._api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+        return plain
+
+    async def read_target(self) -> Obj:
+        """The target Deployment as a plain dict."""
+        try:
+            obj = await self._call(self._apps.read_namespaced_deployment, self._target, self._ns)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise TargetMissingError(
+                    f"Deployment {self._ns}/{self._target} not found; waiting for it to exist"
+                ) from None
+            raise _api_error(exc, f"read Deployment {self._ns}/{self._target}") from None
+        return self._plain(obj)
+
+    async def _canaries(self) -> list[Obj]:
+        selector = f"{LABEL_OWNER}={self._spt['metadata']['name']},{LABEL_ROLE}=canary"
+        try:
+            res = await self._call(
+                self._apps.list_namespaced_deployment, self._ns, label_selector=selector
+            )
+        except ApiException as exc:
+            raise _api_error(exc, "list canary Deployments") from None
+        return [self._plain(d) for d in res.items]
+
+    async def _pods(self, deployment: Obj) -> list[Obj]:
+        match = deployment["spec"]["selector"].get("matchLabels") or {}
+        selector = ",".join(f"{k}={v}" for k, v in sorted(match.items()))
+        try:
+            res = await self._call(
+                self._core.list_namespaced_pod, self._ns, label_selector=selector
+            )
+        except ApiException as exc:
+            raise _api_error(exc, "list pods") from None
+        pods = [self._plain(p) for p in res.items]
+        if LABEL_ROLE not in match:
+            # The target's selector also matches canary pods; judge only the target's own.
+            pods = [
+                p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) != "canary"
+            ]
+        return pods
+
+    async def deployment(self) -> Deployment:
+        """What runs now: the target's arm, the canary's arm and readiness, the model version."""
+        target = await self.read_target()
+        incumbent = arm_from_spec(
+            current_spec(target, self._container, self._engine), self._drafters
+        )
+        rolling = classify_rollout(target, await self._pods(target)).readiness is Readiness.WAITING
+        canary_arm: Arm | None = None
+        ready = False
+        failure = None
+        canaries = await self._canaries()
+        if canaries:
+            c = canaries[0]
+            canary_arm = parse_arm(c["metadata"]["annotations"]["spectune.io/arm"])
+            state = classify_rollout(c, await self._pods(c))
+            ready = state.readiness is Readiness.READY
+            failure = state.reason if state.readiness is Readiness.STUCK else None
+        return Deployment(
+            incumbent=incumbent,
+            canary=canary_arm,
+            canary_ready=ready,
+            canary_failure=failure,
+            rolling=rolling,
+            model_version=model_version(target, self._container, self._engine),
+        )
+
+    async def start_canary(self, arm: Arm) -> None:
+        """Replace any canary with one running ``arm``."""
+        await self.stop_canary()
+        target = await self.read_target()
+        body = canary_deployment(
+            target, arm, self._drafters, self._spt, self._replicas, self._container, self._engine
+        )
+        try:
+            await self._call(self._apps.create_namespaced_deployment, self._ns, body)
+        except ApiException as exc:
+            if exc.status != 409:  # already there from before a restart: fine
+                raise _api_error(
+                    exc, f"create canary Deployment {body['metadata']['name']}"
+                ) from None
+
+    async def stop_canary(self) -> None:
+        """Delete every canary of this SpecTuning (their pods go with them)."""
+        for c in await self._canaries():
+            try:
+                await self._call(
+                    self._apps.delete_namespaced_deployment,
+                    c["metadata"]["name"],
+                    self._ns,
+                    propagation_policy="Background",
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise _api_error(exc, f"delete canary {c['metadata']['name']}") from None
+
+    async def promote(self, arm: Arm) -> None:
+        """Roll the target onto ``arm`` (strategic merge patch; retried on conflict)."""
+        for _ in range(5):
+            target = await self.read_target()
+            patch = promote_patch(target, arm, self._drafters, self._container, self._engine)
+            patch["metadata"]["resourceVersion"] = target["metadata"]["resourceVersion"]
+            try:
+                await self._call(
+                    self._apps.patch_namespaced_deployment, self._target, self._ns, patch
+                )
+                return
+            except ApiException as exc:
+                if exc.status == 409:
+                    continue  # someone else wrote in between: read again and re-apply
+                raise _api_error(exc, f"patch Deployment {self._ns}/{self._target}") from None
+        raise SourceUnavailableError(f"Deployment {self._target} kept changing; will retry")
+
+
+def _api_error(exc: ApiException, what: str) -> Exception:
+    if exc.status == 403:
+        return SpecError(
+            f"forbidden to {what}: the operator's RBAC lacks this permission ({exc.reason}); "
+            "apply the RBAC manifest of this release"
+        )
+    return SourceUnavailableError(f"cannot {what}: HTTP {exc.status} {exc.reason}")
