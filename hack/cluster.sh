@@ -251,6 +251,13 @@ EXT
   mkcert kube-controller-manager "/CN=system:kube-controller-manager" "$pki/client.ext"
   mkcert kube-scheduler "/CN=system:kube-scheduler" "$pki/client.ext"
   mkcert kwok "/O=system:masters/CN=kwok" "$pki/client.ext"
+  # aggregation layer (front proxy): its own CA, as kubeadm does, so no admin-CA cert can assert X-Remote-* headers
+  openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=spectune-front-proxy-ca" \
+    -keyout "$pki/front-proxy-ca.key" -out "$pki/front-proxy-ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=front-proxy-client" -keyout "$pki/front-proxy-client.key" \
+    -out "$pki/front-proxy-client.csr" 2>/dev/null
+  openssl x509 -req -in "$pki/front-proxy-client.csr" -CA "$pki/front-proxy-ca.crt" -CAkey "$pki/front-proxy-ca.key" \
+    -CAcreateserial -days 30 -extfile "$pki/client.ext" -out "$pki/front-proxy-client.crt" 2>/dev/null
   openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 }
@@ -347,6 +354,10 @@ cmd_up() {
     --service-cluster-ip-range=10.0.0.0/24 \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
+    --requestheader-client-ca-file="$pki/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$pki/front-proxy-client.crt" --proxy-client-key-file="$pki/front-proxy-client.key" \
     --authorization-mode=RBAC --allow-privileged=true --endpoint-reconciler-type=none \
     --profiling=false
   wait_for "kube-apiserver /readyz" "$timeout" curl -fsS --cacert "$pki/ca.crt" --cert "$pki/admin.crt" \
