@@ -41,6 +41,7 @@ __all__ = ["Engine"]
 
 _I64 = np.int64
 _MAX_DRAWS = 65536  # most draws in one skip-ahead block (steps × requests × positions)
+_COUNTS = np.arange(1, 4097, dtype=_I64)  # 1, 2, 3, ...: the bonus tokens of successive steps
 
 
 class Engine:
@@ -82,6 +83,10 @@ class Engine:
                 decay = acc.decay ** (positions * (positions - 1) / 2.0)
                 self._accept.append((acc.alpha, decay, acc.spread))
         self._positions = positions
+        # per route: decay^(i(i-1)/2), or zeros where the drafter never accepts
+        self._decay_rows = [
+            spec[1] if spec is not None else np.zeros(len(positions)) for spec in self._accept
+        ]
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
         self.pf_used = 0  # KV blocks held by prefilling requests
@@ -287,22 +292,24 @@ class Engine:
         if not joining:
             return
         ctx = [r.prompt + r.generated for r in joining]
-        surv = np.stack([self._survival(r) for r in joining])
+        surv = self._survival(joining)
         self.reqs.extend(joining)
         self.ctx = np.concatenate((self.ctx, np.array(ctx, dtype=_I64)))
         self.end = np.concatenate(
             (self.end, np.array([r.prompt + r.output for r in joining], dtype=_I64))
         )
         self.surv = np.concatenate((self.surv, surv))
-        self.etok = np.concatenate((self.etok, 1.0 + surv.sum(axis=1)))
+        self.etok = np.concatenate((self.etok, surv.sum(axis=1) + 1.0))
         self.ctx_sum += sum(ctx)
 
-    def _survival(self, req: Request) -> NDArray[np.float64]:
-        """``P(L ≥ i)`` for i = 1..K: ``Π_{j≤i} α·decay^(j−1) = α^i · decay^(i(i−1)/2)``."""
-        spec = self._accept[req.route]
-        if spec is None or req.alpha <= 0.0:
-            return np.zeros(len(self._positions))
-        surv: NDArray[np.float64] = np.power(req.alpha, self._positions) * spec[1]
+    def _survival(self, reqs: list[Request]) -> NDArray[np.float64]:
+        """``P(L ≥ i)`` for i = 1..K, one row per request.
+
+        ``Π_{j≤i} α·decay^(j−1) = α^i · decay^(i(i−1)/2)``.
+        """
+        alphas = np.array([r.alpha for r in reqs])
+        decay = np.array([self._decay_rows[r.route] for r in reqs])
+        surv: NDArray[np.float64] = np.power(alphas[:, None], self._positions) * decay
         return surv
 
     # --- stepping ---------------------------------------------------------------------
@@ -358,11 +365,11 @@ class Engine:
             self._account_spec(k, accepted, 1)
         else:
             gen = np.ones(b, dtype=_I64)
-        total = int(gen.sum())
+        total = int(np.add.reduce(gen))
         self.now += dt
         stats.generation_tokens += total + pf_done
         stats.iteration_tokens.observe(float(total + pf_tokens + pf_done))
-        stats.itl.observe_many(np.array([dt]), float(b))
+        stats.itl.observe(dt, float(b))
         if stats.sglang:
             self._sglang_interval(np.array([dt]), gen[None, :], k, total)
         self._advance_sequences(gen, total)
@@ -374,38 +381,44 @@ class Engine:
         request finishes, before the first step that starts at or after ``until``, and
         before the first step whose KV growth the pool cannot hold.
         """
+        # ufuncs are called directly (np.add.reduce, not .sum()): on arrays this small
+        # numpy's Python-level wrappers would cost more than the arithmetic.
+        add, minimum = np.add, np.minimum
         stats = self.stats
         b = len(self.reqs)
         a, c = self._coefficients(b, k)
         rem = self.end - self.ctx
-        c0 = self.ctx_sum
-        dt0 = a + c * c0
+        dt0 = a + c * self.ctx_sum
         steps = (until - self.now) / dt0 + 1.0
         cap = _MAX_DRAWS // (b * max(k, 1))
         if steps > 8.0:
-            to_finish = float((rem / self.etok).min()) * 1.25 + 2.0 if k > 0 else rem.min()
-            steps = min(steps, to_finish, cap)
-        n_steps = max(1, int(min(steps, cap)))
-        if k > 0:
-            accepted = (self.rng.random((n_steps, b))[:, :, None] < self.surv[None, :, :k]).sum(
-                axis=2
+            to_finish = (
+                float(minimum.reduce(rem / self.etok)) * 1.25 + 2.0
+                if k > 0
+                else float(minimum.reduce(rem))
             )
-            cum = accepted.cumsum(axis=0)
-            cum += np.arange(1, n_steps + 1, dtype=_I64)[:, None]
-            per_step = accepted.sum(axis=1) + b
+            steps = min(steps, to_finish)
+        n_steps = max(1, int(min(steps, cap)))
+        counts = _COUNTS[:n_steps] if n_steps <= len(_COUNTS) else np.arange(1, n_steps + 1)
+        if k > 0:
+            draws = self.rng.random((n_steps, b))
+            accepted = add.reduce(draws[:, :, None] < self.surv[None, :, :k], axis=2)
+            cum = add.accumulate(accepted, axis=0)
+            cum += counts[:, None]
+            per_step = add.reduce(accepted, axis=1)
+            per_step += b
             # a request finishes in the step after the last one in which cum < rem
-            n_run = min(int((cum < rem).sum(axis=0).min()) + 1, n_steps)
+            finishing = int(minimum.reduce(add.reduce(cum < rem, axis=0))) + 1
         else:
             accepted = None
-            cum = np.arange(1, n_steps + 1, dtype=_I64)[:, None]
+            cum = counts[:, None]
             per_step = np.full(n_steps, b, dtype=_I64)
-            n_run = min(int(rem.min()), n_steps)
+            finishing = int(minimum.reduce(rem))
+        n_run = min(finishing, n_steps)
         if n_steps > 1:
-            before = np.zeros(n_steps, dtype=float)
-            np.cumsum(per_step[:-1], out=before[1:])
-            dts = c * before
+            dts = (add.accumulate(per_step) - per_step) * c
             dts += dt0
-            ends = np.cumsum(dts)
+            ends = add.accumulate(dts)
             ends += self.now
             # step s starts at ends[s-1]; keep the steps that start before `until`
             n_run = min(n_run, 1 + int(np.searchsorted(ends[:-1], until, side="left")))
@@ -417,12 +430,12 @@ class Engine:
             dts = np.array([dt0])
             self.now += dt0
         last = n_run - 1
-        gen = np.minimum(cum[last], rem)
-        total = int(gen.sum())
+        gen = minimum(cum[last], rem)
+        total = int(add.reduce(gen))
         stats.generation_tokens += total
         step_tokens = per_step[:n_run].astype(float)
         # nobody finished before the last step, so only the last step's tokens are capped
-        step_tokens[last] = float(total - (int(cum[last - 1].sum()) if last > 0 else 0))
+        step_tokens[last] = float(total - (int(add.reduce(cum[last - 1])) if last > 0 else 0))
         stats.iteration_tokens.observe_many(step_tokens)
         stats.itl.observe_many(dts, float(b))
         if accepted is not None:
@@ -433,7 +446,7 @@ class Engine:
             )
             emitted[last] = gen - (cum[last - 1] if last > 0 else 0)
             self._sglang_interval(dts, emitted, k, total)
-        self._advance_sequences(gen, total)
+        self._advance_sequences(gen, total, n_run == finishing)
 
     def _blocks_allow(self, cum: NDArray[np.int64], n_run: int) -> int:
         """How many of ``n_run`` steps fit the pool (step s needs the growth before it)."""
@@ -450,12 +463,19 @@ class Engine:
         stats.accepted_hist[: k + 1] += np.bincount(accepted.ravel(), minlength=k + 1)
         self.pass_clock += n_steps
 
-    def _advance_sequences(self, gen: NDArray[np.int64], total: int) -> None:
-        """Apply the tokens each sequence emitted, and finish those that are done."""
+    def _advance_sequences(
+        self, gen: NDArray[np.int64], total: int, finished: bool | None = None
+    ) -> None:
+        """Apply the tokens each sequence emitted, and finish those that are done.
+
+        ``finished`` says whether some sequence is done, when the caller knows.
+        """
         self.ctx += gen
         self.ctx_sum += total
+        if finished is False:
+            return
         done = self.ctx >= self.end
-        if done.any():
+        if finished or np.logical_or.reduce(done):
             for i in np.flatnonzero(done).tolist():
                 self._finish(self._write_back(i))
             self._drop(~done)
@@ -512,25 +532,16 @@ class Engine:
         stats = self.stats
         req.finish = now
         self.last_finish = now
-        e2e = now - req.arrival
-        queue = req.scheduled - req.arrival
-        decode = now - req.first_token
-        stats.e2e.observe(e2e)
-        stats.queue.observe(queue)
-        stats.inference.observe(now - req.scheduled)
-        stats.prefill.observe(req.first_token - req.scheduled)
-        stats.decode.observe(decode)
-        if req.generated > 1:
-            stats.tpot.observe(decode / (req.generated - 1))
-        stats.req_prompt_tokens.observe(float(req.prompt))
-        stats.req_generation_tokens.observe(float(req.generated))
-        max_tokens = float(self._max_tokens[req.route])
-        stats.req_max_generation_tokens.observe(max_tokens)
-        stats.req_params_max_tokens.observe(max_tokens)
-        stats.req_params_n.observe(1.0)
+        stats.request_finished(
+            now - req.arrival,
+            req.scheduled - req.arrival,
+            now - req.scheduled,
+            req.first_token - req.scheduled,
+            now - req.first_token,
+            req.prompt,
+            req.generated,
+            self._max_tokens[req.route],
+        )
         stats.success["length" if req.length_capped else "stop"] += 1
         stats.num_requests += 1
-        if stats.sglang:
-            stats.sg_e2e.observe(e2e)
-            stats.sg_queue.observe(queue)
         self.finished.append(req)

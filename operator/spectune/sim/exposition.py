@@ -38,6 +38,7 @@ __all__ = ["render_page"]
 
 def render_page(engine: Engine, model_name: str, created_s: float, sglang: bool) -> str:
     """The page ``engine`` would serve now; ``created_s`` is its start, as a Unix time."""
+    engine.stats.sync()
     registry = CollectorRegistry(auto_describe=False)
     collector: Collector = (
         _SGLangCollector(engine, model_name, created_s)

@@ -76,6 +76,7 @@ class Hist:
         "_bounds_list",
         "_counts",
         "_les",
+        "_scalar_weights",
         "_scalars",
         "_total",
         "_values",
@@ -91,12 +92,14 @@ class Hist:
         self._counts: NDArray[np.int64] = np.zeros(len(bounds) + 1, dtype=np.int64)
         self._total = 0.0
         self._scalars: list[float] = []
+        self._scalar_weights: list[float] = []
         self._values: list[NDArray[np.float64]] = []
         self._weights: list[float] = []
 
-    def observe(self, value: float) -> None:
-        """One observation (``le`` is inclusive, as in Prometheus)."""
+    def observe(self, value: float, weight: float = 1.0) -> None:
+        """One observation, counted ``weight`` times (``le`` is inclusive, as in Prometheus)."""
         self._scalars.append(value)
+        self._scalar_weights.append(weight)
         if len(self._scalars) >= 4096:
             self._flush()
 
@@ -108,16 +111,21 @@ class Hist:
             self._flush()
 
     def _flush(self) -> None:
+        parts_v = self._values
+        parts_w = [
+            np.repeat(
+                np.array(self._weights), np.fromiter((len(v) for v in parts_v), dtype=np.int64)
+            )
+        ]
         if self._scalars:
-            self._values.append(np.array(self._scalars, dtype=float))
-            self._weights.append(1.0)
+            parts_v = [*parts_v, np.array(self._scalars, dtype=float)]
+            parts_w.append(np.array(self._scalar_weights, dtype=float))
             self._scalars.clear()
-        if not self._values:
+            self._scalar_weights.clear()
+        if not parts_v:
             return
-        values = np.concatenate(self._values)
-        weights = np.repeat(
-            np.array(self._weights), np.fromiter((len(v) for v in self._values), dtype=np.int64)
-        )
+        values = np.concatenate(parts_v)
+        weights = np.concatenate(parts_w)
         self._values.clear()
         self._weights.clear()
         idx = np.searchsorted(self.bounds, values, side="left")
@@ -195,6 +203,7 @@ class EngineStats:
         self.sg_interval_emitted = 0
         self.sg_interval_tokens = 0
         self.sg_interval_start = 0.0
+        self._finished: list[tuple[float, ...]] = []
         self.sg_accept_length = 0.0
         self.sg_accept_rate = 0.0
         self.sg_gen_throughput = 0.0
@@ -211,3 +220,44 @@ class EngineStats:
         h = self.accepted_hist
         per_pos: NDArray[np.int64] = np.cumsum(h[::-1])[::-1][1:]
         return per_pos
+
+    def request_finished(
+        self,
+        e2e: float,
+        queue: float,
+        inference: float,
+        prefill: float,
+        decode: float,
+        prompt_tokens: int,
+        generation_tokens: int,
+        max_tokens: int,
+    ) -> None:
+        """Record one finished request's phases; binned into the histograms on :meth:`sync`."""
+        self._finished.append(
+            (e2e, queue, inference, prefill, decode, prompt_tokens, generation_tokens, max_tokens)
+        )
+        if len(self._finished) >= 4096:
+            self.sync()
+
+    def sync(self) -> None:
+        """Bin the finished requests recorded since the last call (call before reading)."""
+        if not self._finished:
+            return
+        rows = np.array(self._finished, dtype=float)
+        self._finished.clear()
+        e2e, queue, inference, prefill, decode, prompt, generated, max_tokens = rows.T
+        self.e2e.observe_many(e2e)
+        self.queue.observe_many(queue)
+        self.inference.observe_many(inference)
+        self.prefill.observe_many(prefill)
+        self.decode.observe_many(decode)
+        several = generated > 1
+        self.tpot.observe_many(decode[several] / (generated[several] - 1))
+        self.req_prompt_tokens.observe_many(prompt)
+        self.req_generation_tokens.observe_many(generated)
+        self.req_max_generation_tokens.observe_many(max_tokens)
+        self.req_params_max_tokens.observe_many(max_tokens)
+        self.req_params_n.observe_many(np.ones(len(rows)))
+        if self.sglang:
+            self.sg_e2e.observe_many(e2e)
+            self.sg_queue.observe_many(queue)
