@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from spectune.errors import SpecError
+from spectune.errors import SpecError, SpecTuneError
 from spectune.search.arms import parse_arm
 from spectune.sim.fleet import Fleet
 from spectune.sim.scenario import load_scenario
@@ -138,6 +138,7 @@ def _advance_with_progress(fleet: Fleet, duration: float, *, show: bool) -> None
     if not show:
         fleet.advance(duration)
         return
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
@@ -145,6 +146,7 @@ def _advance_with_progress(fleet: Fleet, duration: float, *, show: bool) -> None
         BarColumn(),
         TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
         TimeElapsedColumn(),
+        console=Console(stderr=True),
         transient=True,
     ) as progress:
         task = progress.add_task("sim", total=duration)
@@ -234,6 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as exc:
         print(f"spectune: {exc}", file=sys.stderr)
         return 2
+    except SpecTuneError as exc:
+        print(f"spectune: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         return 0
     return code

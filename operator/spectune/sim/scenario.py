@@ -27,7 +27,7 @@ __all__ = [
     "Acceptance",
     "Drafter",
     "Event",
-    "Fleet",
+    "FleetSpec",
     "Hardware",
     "Initial",
     "LoadEvent",
@@ -165,8 +165,6 @@ class FleetSpec(_Model):
     replicas: Annotated[int, Field(ge=1, le=1024)] = 1
     balancer: Literal["round_robin", "least_outstanding"] = "least_outstanding"
 
-
-Fleet = FleetSpec
 
 
 class Initial(_Model):
