@@ -166,7 +166,6 @@ class FleetSpec(_Model):
     balancer: Literal["round_robin", "least_outstanding"] = "least_outstanding"
 
 
-
 class Initial(_Model):
     """What the deployment runs before tuning; ``drafter: off`` (or null) for no speculation."""
 

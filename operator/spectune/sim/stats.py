@@ -80,6 +80,8 @@ class Hist:
         "_scalars",
         "_total",
         "_values",
+        "_weighted_values",
+        "_weighted_weights",
         "_weights",
         "bounds",
     )
@@ -95,6 +97,8 @@ class Hist:
         self._scalar_weights: list[float] = []
         self._values: list[NDArray[np.float64]] = []
         self._weights: list[float] = []
+        self._weighted_values: list[NDArray[np.float64]] = []
+        self._weighted_weights: list[NDArray[np.float64]] = []
 
     def observe(self, value: float, weight: float = 1.0) -> None:
         """One observation, counted ``weight`` times (``le`` is inclusive, as in Prometheus)."""
@@ -103,11 +107,20 @@ class Hist:
         if len(self._scalars) >= 4096:
             self._flush()
 
-    def observe_many(self, values: NDArray[np.float64], weight: float = 1.0) -> None:
-        """Many observations, each counted ``weight`` times (the sum grows by value·weight)."""
-        self._values.append(values)
-        self._weights.append(weight)
-        if len(self._values) >= 1024:
+    def observe_many(
+        self, values: NDArray[np.float64], weight: float | NDArray[np.float64] = 1.0
+    ) -> None:
+        """Many observations, each counted ``weight`` times (the sum grows by value·weight).
+
+        ``weight`` is one number for all values, or one per value.
+        """
+        if isinstance(weight, np.ndarray):
+            self._weighted_values.append(values)
+            self._weighted_weights.append(weight)
+        else:
+            self._values.append(values)
+            self._weights.append(weight)
+        if len(self._values) + len(self._weighted_values) >= 1024:
             self._flush()
 
     def _flush(self) -> None:
@@ -122,6 +135,11 @@ class Hist:
             parts_w.append(np.array(self._scalar_weights, dtype=float))
             self._scalars.clear()
             self._scalar_weights.clear()
+        if self._weighted_values:
+            parts_v = [*parts_v, *self._weighted_values]
+            parts_w += self._weighted_weights
+            self._weighted_values = []
+            self._weighted_weights = []
         if not parts_v:
             return
         values = np.concatenate(parts_v)
