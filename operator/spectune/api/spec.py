@@ -1,0 +1,614 @@
+"""The SpecTuning spec: what a user asks the operator to tune, and how.
+
+The models here are the single source of the resource's schema: ``api/crd.py`` generates the
+CRD from them (ranges, enums, defaults, descriptions and the CEL rules declared beside the
+fields), and :func:`parse_spec` validates a body with the same rules, so a spec the API
+server accepted and one read from a file fail alike. The operator's handlers call
+:func:`parse_spec` on every event; ``api/convert.py`` turns the result into the brain's
+search space, objective and controller settings.
+
+Every field carries its unit and default in its description (``kubectl explain`` shows it).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from spectune.api.names import API_VERSION, KIND
+from spectune.api.validation import (
+    ApiModel,
+    Duration,
+    FieldProblem,
+    HttpUrl,
+    InvalidSpecError,
+    PromSelector,
+    field_error,
+    validate_body,
+)
+
+__all__ = [
+    "MODEL_METHODS",
+    "NO_MODEL_METHODS",
+    "Drafter",
+    "DriftAction",
+    "DriftSpec",
+    "Engine",
+    "Guardrails",
+    "Method",
+    "MetricsSpec",
+    "Mode",
+    "ObjectiveMetric",
+    "ObjectiveSpec",
+    "PrometheusMetrics",
+    "RetuneSpec",
+    "Schedule",
+    "ScrapeMetrics",
+    "SearchSpec",
+    "SecretKeyRef",
+    "SpecTuningSpec",
+    "Strategy",
+    "TargetRef",
+    "parse_spec",
+]
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# The arm names (`<drafter>/<k>`) and the trial history use the drafter's name: no '/'.
+_DRAFTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+MAX_DRAFTERS = 16
+MAX_K = 16
+
+
+class Engine(enum.StrEnum):
+    """The serving engine of the target container."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+class Method(enum.StrEnum):
+    """A speculative method, by its vLLM name (SGLang's algorithms map onto these)."""
+
+    EAGLE = "eagle"
+    EAGLE3 = "eagle3"
+    MTP = "mtp"
+    DRAFT_MODEL = "draft_model"
+    NGRAM = "ngram"
+    SUFFIX = "suffix"
+    MEDUSA = "medusa"
+
+
+MODEL_METHODS = frozenset({Method.EAGLE, Method.EAGLE3, Method.DRAFT_MODEL, Method.MEDUSA})
+"""Methods that need draft weights (``model``): vLLM refuses them without."""
+NO_MODEL_METHODS = frozenset({Method.NGRAM, Method.SUFFIX})
+"""Methods that draft from the text itself and take no ``model``."""
+
+
+def _cel_list(methods: frozenset[Method]) -> str:
+    return "[" + ", ".join(f"'{m.value}'" for m in sorted(methods)) + "]"
+
+
+class Strategy(enum.StrEnum):
+    """How a trial arm is put in front of traffic."""
+
+    CANARY = "canary"
+    IN_PLACE = "inPlace"
+
+
+class Schedule(enum.StrEnum):
+    """Whether to emit a per-batch-size draft-length table."""
+
+    AUTO = "auto"
+    OFF = "off"
+
+
+class ObjectiveMetric(enum.StrEnum):
+    """The figure the search optimises."""
+
+    TPOT_P95 = "tpotP95"
+    E2E_P95 = "e2eP95"
+    TTFT_P95 = "ttftP95"
+    OUTPUT_TOKENS_PER_SECOND = "outputTokensPerSecond"
+    GOODPUT = "goodput"
+
+
+class DriftAction(enum.StrEnum):
+    """What a confirmed acceptance drift does."""
+
+    ALERT = "alert"
+    RETUNE = "retune"
+
+
+class Mode(enum.StrEnum):
+    """Whether the operator applies its choice or only recommends it."""
+
+    AUTO = "auto"
+    RECOMMEND = "recommend"
+
+
+class TargetRef(ApiModel):
+    """The Deployment whose speculative decoding is tuned (in the SpecTuning's namespace)."""
+
+    kind: Literal["Deployment"] = Field(
+        "Deployment", description="Kind of the target; only Deployment. Default Deployment."
+    )
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=_DNS_SUBDOMAIN,
+        description="Name of the target Deployment, in the SpecTuning's namespace. Required.",
+    )
+    container: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        pattern=_DNS_LABEL,
+        description=(
+            "Name of the container that runs the engine. Unset: the Deployment's only "
+            "container, or the one whose command runs vLLM or SGLang."
+        ),
+    )
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the SpecTuning's namespace."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=_DNS_SUBDOMAIN,
+        description="Name of the Secret, in the SpecTuning's namespace. Required.",
+    )
+    key: str = Field(
+        "token",
+        min_length=1,
+        max_length=253,
+        description="Key in the Secret whose value is the bearer token. Default token.",
+    )
+
+
+class PrometheusMetrics(ApiModel):
+    """Read the engine's metrics from a Prometheus server that scrapes the pods."""
+
+    url: HttpUrl = Field(
+        description="Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090."
+        " Required."
+    )
+    auth_secret_ref: SecretKeyRef | None = Field(
+        None,
+        description="Secret key holding a bearer token for Prometheus. Unset: no authentication.",
+    )
+    selector: PromSelector | None = Field(
+        None,
+        description=(
+            "PromQL label matchers in braces that select the target's series, e.g. "
+            '{namespace="llm",pod=~"llama-.*"}. Unset: the namespace and the pods of the '
+            "target and its canaries."
+        ),
+    )
+
+
+class ScrapeMetrics(ApiModel):
+    """Scrape the engine's /metrics endpoint on every pod directly (no Prometheus needed)."""
+
+    port: int = Field(
+        ge=1, le=65535, description="Container port serving the metrics page. Required."
+    )
+    path: str = Field(
+        "/metrics",
+        min_length=1,
+        max_length=256,
+        pattern=r"^/\S*$",
+        description="HTTP path of the metrics page. Default /metrics.",
+    )
+
+
+class MetricsSpec(ApiModel):
+    """Where the engine's metrics come from: exactly one of prometheus or scrape."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.prometheus) != has(self.scrape)",
+                    "message": "set exactly one of prometheus or scrape",
+                }
+            ]
+        }
+    )
+
+    prometheus: PrometheusMetrics | None = Field(
+        None, description="Query a Prometheus server. Set this or scrape."
+    )
+    scrape: ScrapeMetrics | None = Field(
+        None, description="Scrape the pods' metrics pages directly. Set this or prometheus."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> MetricsSpec:
+        if (self.prometheus is None) == (self.scrape is None):
+            raise field_error("", "set exactly one of prometheus or scrape")
+        return self
+
+
+class Drafter(ApiModel):
+    """One candidate drafter; the search tries it at every draft length 1..maxK."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"!(self.method in {_cel_list(MODEL_METHODS)}) || has(self.model)",
+                    "messageExpression": "'required for method ' + self.method",
+                    "fieldPath": ".model",
+                    "reason": "FieldValueRequired",
+                },
+                {
+                    "rule": f"!(self.method in {_cel_list(NO_MODEL_METHODS)}) || !has(self.model)",
+                    "messageExpression": (
+                        "'not used by method ' + self.method + ': it drafts from the text'"
+                    ),
+                    "fieldPath": ".model",
+                },
+                {
+                    "rule": "self.method == 'ngram' || "
+                    "(!has(self.promptLookupMin) && !has(self.promptLookupMax))",
+                    "message": "promptLookupMin and promptLookupMax apply to method ngram only",
+                    "fieldPath": ".method",
+                },
+                {
+                    "rule": "!has(self.promptLookupMin) || !has(self.promptLookupMax) || "
+                    "self.promptLookupMin <= self.promptLookupMax",
+                    "message": "must not exceed promptLookupMax",
+                    "fieldPath": ".promptLookupMin",
+                },
+            ]
+        }
+    )
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=_DRAFTER_NAME,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self != 'off'", "message": "'off' names speculation off; pick another"}
+            ]
+        },
+        description=(
+            "Name of this candidate, unique in the list; arms are named <name>/<k> in status. "
+            "Letters, digits, '_', '-', '.'; not 'off'. Required."
+        ),
+    )
+    method: Method = Field(description="Speculative method, by its vLLM name. Required.")
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=512,
+        description=(
+            "Draft weights: a Hugging Face repository or a path in the container. Required for "
+            "eagle, eagle3, draft_model and medusa; optional for mtp (default: the target's "
+            "own MTP heads); not allowed for ngram and suffix."
+        ),
+    )
+    max_k: int = Field(
+        5,
+        ge=1,
+        le=MAX_K,
+        description="Largest draft length (num_speculative_tokens) to try, tokens. Default 5.",
+    )
+    prompt_lookup_max: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="ngram only: longest n-gram to match in the prompt, tokens. Unset: vLLM's.",
+    )
+    prompt_lookup_min: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description=(
+            "ngram only: shortest n-gram to match in the prompt, tokens; at most "
+            "promptLookupMax. Unset: vLLM's."
+        ),
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _not_off(cls, name: str) -> str:
+        if name == "off":
+            raise ValueError("'off' names speculation off; pick another")
+        return name
+
+    @model_validator(mode="after")
+    def _method_fields(self) -> Drafter:
+        m = self.method
+        if m in MODEL_METHODS and self.model is None:
+            raise field_error("model", f"required for method {m.value}")
+        if m in NO_MODEL_METHODS and self.model is not None:
+            raise field_error("model", f"not used by method {m.value}: it drafts from the text")
+        if m is not Method.NGRAM and (
+            self.prompt_lookup_min is not None or self.prompt_lookup_max is not None
+        ):
+            raise field_error(
+                "method", "promptLookupMin and promptLookupMax apply to method ngram only"
+            )
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is not None and hi is not None and lo > hi:
+            raise field_error("promptLookupMin", "must not exceed promptLookupMax")
+        return self
+
+
+class SearchSpec(ApiModel):
+    """How arms are tried and when the search stops."""
+
+    strategy: Strategy = Field(
+        Strategy.CANARY,
+        description=(
+            "canary: clone the target per trial arm so both arms serve the same live traffic; "
+            "inPlace: patch the target itself, one trial at a time. Default canary."
+        ),
+    )
+    canary_replicas: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description="Replicas of each canary Deployment (canary strategy only). Default 1.",
+    )
+    window: Duration = Field(
+        "5m", description="Length of one measurement window per trial, a duration. Default 5m."
+    )
+    min_drafts: int = Field(
+        20000,
+        ge=0,
+        description=(
+            "Fewest drafted tokens a trial must see before its acceptance counts as evidence, "
+            "tokens. Default 20000."
+        ),
+    )
+    max_trials: int = Field(
+        12, ge=1, le=50, description="Most trials (restarts) per search. Default 12."
+    )
+    epsilon: float = Field(
+        0.02,
+        gt=0,
+        lt=1,
+        description=(
+            "Stop when the chosen arm is within this relative distance of the best, a fraction "
+            "(0.02 = 2 %). Default 0.02."
+        ),
+    )
+    delta: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description=("...with probability at least 1 - delta, a fraction. Default 0.05."),
+    )
+    schedule: Schedule = Field(
+        Schedule.AUTO,
+        description=(
+            "auto: emit a per-batch-size draft-length table where the engine supports it; "
+            "off: one draft length. Default auto."
+        ),
+    )
+
+
+class Guardrails(ApiModel):
+    """Largest tolerated regressions of a trial against the incumbent; null disables one."""
+
+    max_ttft_p95_regression: float | None = Field(
+        0.2,
+        ge=0,
+        alias="maxTTFTP95Regression",
+        description=(
+            "Largest relative rise of p95 time to first token, a fraction (0.2 = 20 %); "
+            "null: unchecked. Default 0.2."
+        ),
+    )
+    max_queue_p95_regression: float | None = Field(
+        0.2,
+        ge=0,
+        alias="maxQueueP95Regression",
+        description=(
+            "Largest relative rise of p95 queue time, a fraction (0.2 = 20 %); "
+            "null: unchecked. Default 0.2."
+        ),
+    )
+
+
+class ObjectiveSpec(ApiModel):
+    """What better means for this deployment."""
+
+    metric: ObjectiveMetric = Field(
+        ObjectiveMetric.TPOT_P95,
+        description=(
+            "tpotP95, e2eP95, ttftP95 (seconds, lower is better), outputTokensPerSecond or "
+            "goodput (tokens/s per pod, higher is better). Default tpotP95."
+        ),
+    )
+    guardrails: Guardrails = Field(
+        default_factory=Guardrails,
+        json_schema_extra={"default": {}},
+        description="Regressions a trial may not cause. Default {} (every guardrail at 0.2).",
+    )
+
+
+class DriftSpec(ApiModel):
+    """Acceptance drift: the first-position acceptance falling below its converged value."""
+
+    threshold: float = Field(
+        0.15,
+        gt=0,
+        lt=1,
+        description=(
+            "Relative drop of acceptance that counts as drift, a fraction (0.15 = 15 %). "
+            "Default 0.15."
+        ),
+    )
+    for_: Duration = Field(
+        "30m",
+        alias="for",
+        description="How long the drop must last before it is drift, a duration. Default 30m.",
+    )
+    action: DriftAction = Field(
+        DriftAction.RETUNE,
+        description="alert: record an event and phase Drifted; retune: re-open the search. "
+        "Default retune.",
+    )
+
+
+class RetuneSpec(ApiModel):
+    """When a converged setting is measured again."""
+
+    on_model_change: bool = Field(
+        True,
+        description=(
+            "Re-tune when the image, --model, a drafter model or the spectune.io/model-version "
+            "annotation changes. Default true."
+        ),
+    )
+    on_route_change: bool = Field(
+        True, description="Re-tune when the traffic routes change. Default true."
+    )
+    every: Duration | None = Field(
+        None, description="Re-tune this long after each convergence, a duration. Unset: never."
+    )
+    drift: DriftSpec = Field(
+        default_factory=DriftSpec,
+        json_schema_extra={"default": {}},
+        description="Acceptance drift detection. Default {} (threshold 0.15 for 30m, retune).",
+    )
+
+
+class SpecTuningSpec(ApiModel):
+    """Tune speculative decoding of one vLLM or SGLang Deployment under its live traffic."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.allowOff || (has(self.drafters) && size(self.drafters) > 0)",
+                    "message": "list at least one drafter when allowOff is false",
+                    "fieldPath": ".drafters",
+                    "reason": "FieldValueRequired",
+                }
+            ]
+        }
+    )
+
+    target_ref: TargetRef = Field(description="The Deployment to tune. Required.")
+    engine: Engine | None = Field(
+        None,
+        description="vllm or sglang. Unset: detected from the target container's command.",
+    )
+    metrics: MetricsSpec = Field(description="Where the engine's metrics come from. Required.")
+    drafters: tuple[Drafter, ...] = Field(
+        (),
+        max_length=MAX_DRAFTERS,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.all(x, self.exists_one(y, y.name == x.name))",
+                    "message": "drafter names must be unique",
+                }
+            ]
+        },
+        description=(
+            "Candidate drafters; speculation off is a candidate too unless allowOff is false. "
+            "At most 16. Default []."
+        ),
+    )
+    allow_off: bool = Field(
+        True, description="Whether speculation off is a candidate. Default true."
+    )
+    search: SearchSpec = Field(
+        default_factory=SearchSpec,
+        json_schema_extra={"default": {}},
+        description="How arms are tried. Default {} (every field at its default).",
+    )
+    objective: ObjectiveSpec = Field(
+        default_factory=ObjectiveSpec,
+        json_schema_extra={"default": {}},
+        description="What to optimise. Default {} (tpotP95 with 20 % guardrails).",
+    )
+    retune: RetuneSpec = Field(
+        default_factory=RetuneSpec,
+        json_schema_extra={"default": {}},
+        description="When to measure again. Default {} (on model and route changes, on drift).",
+    )
+    mode: Mode = Field(
+        Mode.AUTO,
+        description=(
+            "auto: apply trials and the winner; recommend: write the recommendation to status "
+            "and never touch the target. Default auto."
+        ),
+    )
+    suspend: bool = Field(
+        False,
+        description=(
+            "Freeze everything: no new trials, canaries removed, the target left as it is. "
+            "Default false."
+        ),
+    )
+    restore_on_delete: bool = Field(
+        False,
+        description=(
+            "On deletion, put the target back on its original speculative setting instead of "
+            "the last promoted one. Default false."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _drafters(self) -> SpecTuningSpec:
+        if not self.allow_off and not self.drafters:
+            raise field_error("drafters", "list at least one drafter when allowOff is false")
+        seen: dict[str, int] = {}
+        for i, d in enumerate(self.drafters):
+            if d.name in seen:
+                raise field_error(
+                    f"drafters[{i}].name",
+                    f"duplicate drafter name {d.name!r} (also drafters[{seen[d.name]}])",
+                )
+            seen[d.name] = i
+        return self
+
+
+def parse_spec(body: Mapping[str, Any]) -> SpecTuningSpec:
+    """The validated spec of a SpecTuning.
+
+    ``body`` is the whole resource (kopf's ``body``, or a loaded manifest with ``apiVersion``,
+    ``kind``, ``metadata`` and ``spec``) or the bare spec (kopf's ``spec``). Raises
+    :class:`~spectune.api.validation.InvalidSpecError` (a
+    :class:`~spectune.errors.SpecError`) listing every bad field by its path, e.g.
+    ``spec.drafters[1].model: required for method eagle3``.
+
+    >>> spec = parse_spec({"targetRef": {"name": "llama"},
+    ...                    "metrics": {"scrape": {"port": 8000}},
+    ...                    "drafters": [{"name": "ng", "method": "ngram", "maxK": 4}]})
+    >>> spec.drafters[0].max_k, spec.search.window, spec.mode.value
+    (4, '5m', 'auto')
+    >>> try:
+    ...     parse_spec({"targetRef": {"name": "llama"}, "metrics": {"scrape": {"port": 8000}},
+    ...                 "drafters": [{"name": "e3", "method": "eagle3"}]})
+    ... except InvalidSpecError as exc:
+    ...     print(exc)
+    invalid SpecTuning: spec.drafters[0].model: required for method eagle3
+    """
+    if not isinstance(body, Mapping):
+        raise InvalidSpecError([FieldProblem("spec", "must be an object")])
+    if not {"apiVersion", "kind", "metadata", "spec"}.isdisjoint(body):
+        problems = []
+        if body.get("apiVersion", API_VERSION) != API_VERSION:
+            problems.append(FieldProblem("apiVersion", f"must be {API_VERSION}"))
+        if body.get("kind", KIND) != KIND:
+            problems.append(FieldProblem("kind", f"must be {KIND}"))
+        if "spec" not in body:
+            problems.append(FieldProblem("spec", "required"))
+        if problems:
+            raise InvalidSpecError(problems)
+        body = body["spec"]
+    return validate_body(SpecTuningSpec, body, "spec")
