@@ -299,12 +299,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_optional(sub: Any) -> None:
-    """Subcommands that live in other bodies (the simulator), when installed."""
-    try:
-        sim_command = importlib.import_module("spectune.sim.command")
-    except ImportError:
-        return
-    sim_command.register(sub)
+    """Subcommands that live with their own layers (the CRD, the simulator, the bench)."""
+    for module in ("spectune.api.command", "spectune.sim.command", "spectune.bench.command"):
+        try:
+            command = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        command.register(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
