@@ -27,11 +27,13 @@ __all__ = [
     "Acceptance",
     "Drafter",
     "Event",
+    "FixedTokens",
     "FleetSpec",
     "Hardware",
     "Initial",
     "LoadEvent",
     "LoadPoint",
+    "LogNormalTokens",
     "ModelVersionEvent",
     "Objective",
     "Route",
@@ -39,6 +41,7 @@ __all__ = [
     "Scenario",
     "Target",
     "TokenDist",
+    "UniformTokens",
     "load_scenario",
     "scenario_from_mapping",
 ]
@@ -101,34 +104,40 @@ class Drafter(_Model):
         return self.method in GPU_METHODS
 
 
-class _LogNormal(_Model):
+class LogNormalTokens(_Model):
+    """Token counts ~ log-normal with the given mean (not the log-space mean) and sigma."""
+
     dist: Literal["lognormal"]
     mean: Pos
     sigma: NonNeg
     max: Annotated[int, Field(ge=1)]
 
 
-class _Fixed(_Model):
+class FixedTokens(_Model):
+    """Every request has the same token count."""
+
     dist: Literal["fixed"]
     value: Annotated[int, Field(ge=1)]
     max: Annotated[int, Field(ge=1)] | None = None
 
 
-class _Uniform(_Model):
+class UniformTokens(_Model):
+    """Token counts uniform on ``[low, high]``."""
+
     dist: Literal["uniform"]
     low: Annotated[int, Field(ge=1)]
     high: Annotated[int, Field(ge=1)]
     max: Annotated[int, Field(ge=1)] | None = None
 
 
-TokenDist = Annotated[_LogNormal | _Fixed | _Uniform, Field(discriminator="dist")]
+TokenDist = Annotated[LogNormalTokens | FixedTokens | UniformTokens, Field(discriminator="dist")]
 
 
-def dist_upper(d: _LogNormal | _Fixed | _Uniform) -> int:
+def dist_upper(d: TokenDist) -> int:
     """The largest value a token-count distribution can produce after clipping."""
-    if isinstance(d, _LogNormal):
+    if isinstance(d, LogNormalTokens):
         return d.max
-    natural = d.value if isinstance(d, _Fixed) else d.high
+    natural = d.value if isinstance(d, FixedTokens) else d.high
     return natural if d.max is None else min(natural, d.max)
 
 
@@ -513,7 +522,7 @@ def _cross_check(s: Scenario) -> list[str]:
                 )
         for field in ("prompt_tokens", "output_tokens"):
             dist = getattr(r, field)
-            if isinstance(dist, _Uniform) and dist.low > dist.high:
+            if isinstance(dist, UniformTokens) and dist.low > dist.high:
                 problems.append(f"routes[{i}].{field}.low: must not exceed high ({dist.high})")
     if sum(r.share for r in s.routes) <= 0:
         problems.append("routes: at least one route needs a share above 0")

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spectune.sim.scenario import LoadEvent, LoadPoint, Scenario, _Fixed, _LogNormal, dist_upper
+from spectune.sim.scenario import (
+    FixedTokens,
+    LoadEvent,
+    LoadPoint,
+    LogNormalTokens,
+    Scenario,
+    TokenDist,
+    dist_upper,
+)
 
 __all__ = ["LoadProfile", "Request", "Traffic"]
 
@@ -230,16 +238,15 @@ class Traffic:
                 return t
 
 
-def _draw_tokens(dist: object, rng: np.random.Generator) -> tuple[int, bool]:
+def _draw_tokens(dist: TokenDist, rng: np.random.Generator) -> tuple[int, bool]:
     """One token count, clipped to ``[1, max]``; also whether the clip cut it short."""
-    upper = dist_upper(dist)  # type: ignore[arg-type]
-    if isinstance(dist, _LogNormal):
+    upper = dist_upper(dist)
+    if isinstance(dist, LogNormalTokens):
         mu = math.log(dist.mean) - dist.sigma * dist.sigma / 2.0
         raw = round(math.exp(mu + dist.sigma * float(rng.standard_normal())))
-    elif isinstance(dist, _Fixed):
+    elif isinstance(dist, FixedTokens):
         raw = dist.value
     else:
-        low, high = dist.low, dist.high  # type: ignore[attr-defined]
-        raw = int(rng.integers(low, high + 1))
+        raw = int(rng.integers(dist.low, dist.high + 1))
     value = min(max(int(raw), 1), upper)
     return value, raw > upper
