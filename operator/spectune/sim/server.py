@@ -28,15 +28,18 @@ _CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def arm_from_vllm_args(scenario: Scenario, argv: Sequence[str]) -> Arm:
-    """The arm a vLLM command line asks for, mapped onto the scenario's drafters.
+    """The arm an engine command line asks for, mapped onto the scenario's drafters.
 
-    A drafter matches by its ``model`` (what goes into ``--speculative-config``), or, for
-    model-less methods such as ``ngram``, by method. Raises :class:`SpecError` when the
+    The arguments are read as the scenario's engine reads them: vLLM's
+    ``--speculative-config`` (and legacy flags), or SGLang's ``--speculative-*`` flags for
+    ``engine: sglang``. A drafter matches by its ``model`` (what goes into the config), or,
+    for model-less methods such as ``ngram``, by method. Raises :class:`SpecError` when the
     arguments are malformed or name a drafter the scenario does not have.
     """
-    from spectune.engines.args import parse_vllm_args
+    from spectune.engines.args import parse_sglang_args, parse_vllm_args
 
-    spec = parse_vllm_args(list(argv)).spec
+    parse = parse_sglang_args if scenario.engine == "sglang" else parse_vllm_args
+    spec = parse(list(argv)).spec
     if spec is None:
         return Arm(None)
     if spec.model is not None:
@@ -68,19 +71,20 @@ def arm_from_vllm_args(scenario: Scenario, argv: Sequence[str]) -> Arm:
 
 
 def model_name_from_vllm_args(argv: Sequence[str]) -> str | None:
-    """``--served-model-name``, else ``--model``, else the positional after ``serve``."""
+    """``--served-model-name``, else ``--model`` (``--model-path``), else the positional."""
     args = list(argv)
     found: dict[str, str] = {}
     for i, token in enumerate(args):
-        for flag in ("--served-model-name", "--model"):
+        for flag in ("--served-model-name", "--model", "--model-path"):
             if token == flag and i + 1 < len(args):
                 found.setdefault(flag, args[i + 1])
             elif token.startswith(flag + "="):
                 found.setdefault(flag, token.split("=", 1)[1])
     if "--served-model-name" in found:
         return found["--served-model-name"]
-    if "--model" in found:
-        return found["--model"]
+    for flag in ("--model", "--model-path"):
+        if flag in found:
+            return found[flag]
     if len(args) >= 2 and args[0] == "serve" and not args[1].startswith("-"):
         return args[1]
     return None

@@ -146,6 +146,18 @@ def test_vllm_args_map_to_the_scenarios_drafters() -> None:
     assert arm_from_vllm_args(scenario, ["--model", "m"]) == Arm(None)
 
 
+def test_sglang_flags_map_for_an_sglang_scenario() -> None:
+    scenario = load_scenario(EXAMPLE.with_name("sglang-mixed.yaml"))
+    argv = [
+        "--model-path", "meta-llama/Llama-3.1-70B-Instruct",
+        "--speculative-algorithm", "EAGLE3",
+        "--speculative-draft-model-path", "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B",
+        "--speculative-num-steps", "3",
+    ]  # fmt: skip
+    assert arm_from_vllm_args(scenario, argv) == Arm("eagle3", 3)
+    assert model_name_from_vllm_args(argv) == "meta-llama/Llama-3.1-70B-Instruct"
+
+
 def test_unknown_speculative_setting_is_a_clear_error() -> None:
     scenario = load_scenario(EXAMPLE)
     other = '{"method": "draft_model", "model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 3}'
