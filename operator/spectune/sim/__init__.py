@@ -11,16 +11,31 @@ The tuning brain never imports this package (DESIGN.md §2): it sees the simulat
 through metric text and port calls.
 """
 
-from spectune.sim.fleet import (
-    ApplyResult,
-    Fleet,
-    FleetTotals,
-    Phase,
-    ReplicaState,
-    RequestRecord,
-)
-from spectune.sim.scenario import Scenario, load_scenario, scenario_from_mapping
-from spectune.sim.summary import Summary, summarise
+from importlib import import_module
+from typing import Any
+
+# Names load on first use (PEP 562): `spectune --help` registers the sim subcommands without
+# paying for numpy and scipy.special.
+_EXPORTS = {
+    "ApplyResult": "spectune.sim.fleet",
+    "Fleet": "spectune.sim.fleet",
+    "FleetTotals": "spectune.sim.fleet",
+    "Phase": "spectune.sim.fleet",
+    "ReplicaState": "spectune.sim.fleet",
+    "RequestRecord": "spectune.sim.fleet",
+    "Scenario": "spectune.sim.scenario",
+    "load_scenario": "spectune.sim.scenario",
+    "scenario_from_mapping": "spectune.sim.scenario",
+    "Summary": "spectune.sim.summary",
+    "summarise": "spectune.sim.summary",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'spectune.sim' has no attribute {name!r}")
+
 
 __all__ = [
     "ApplyResult",

@@ -15,13 +15,16 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spectune.errors import SpecError, SpecTuneError
 from spectune.search.arms import parse_arm
-from spectune.sim.fleet import Fleet
-from spectune.sim.scenario import load_scenario
-from spectune.sim.summary import summarise
+
+if TYPE_CHECKING:
+    from spectune.sim.fleet import Fleet
+
+# The simulator's modules (numpy, scipy.special) load only when a sim command runs, so that
+# registering the subcommands costs `spectune --help` nothing.
 
 __all__ = ["main", "register", "run_command", "serve_command"]
 
@@ -86,6 +89,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run_command(ns: argparse.Namespace) -> int:
     """``sim run``: simulate, then print the figures (JSON or a table)."""
+    from spectune.sim.fleet import Fleet
+    from spectune.sim.scenario import load_scenario
+    from spectune.sim.summary import summarise
+
     scenario = load_scenario(Path(ns.scenario))
     arm = parse_arm(ns.arm)
     scenario.check_arm(arm)
@@ -180,6 +187,8 @@ def _print_table(out: dict[str, Any]) -> None:
 
 def serve_command(ns: argparse.Namespace) -> int:
     """``sim serve``: one replica in scaled real time until SIGTERM/SIGINT."""
+    from spectune.sim.fleet import Fleet
+    from spectune.sim.scenario import load_scenario
     from spectune.sim.server import SimServer, arm_from_vllm_args, model_name_from_vllm_args
 
     scenario = load_scenario(Path(ns.scenario))
