@@ -300,7 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _register_optional(sub: Any) -> None:
     """Subcommands that live with their own layers (the CRD, the simulator, the bench)."""
-    for module in ("spectune.api.command", "spectune.sim.command", "spectune.bench.command"):
+    for module in (
+        "spectune.api.command",
+        "spectune.sim.command",
+        "spectune.bench.command",
+        "spectune.run",
+    ):
         try:
             command = importlib.import_module(module)
         except ModuleNotFoundError as exc:

@@ -17,12 +17,14 @@ from kubernetes.client.exceptions import ApiException
 from spectune.control.ports import Deployment
 from spectune.errors import SourceUnavailableError, SpecError
 from spectune.k8s.deployments import (
+    ANNOTATION_FINGERPRINT,
     LABEL_OWNER,
     LABEL_ROLE,
     DrafterArgs,
     arm_from_spec,
     canary_deployment,
     current_spec,
+    fingerprint,
     model_version,
     promote_patch,
 )
@@ -177,6 +179,19 @@ class KubeActuator:
             except ApiException as exc:
                 if exc.status != 404:
                     raise _api_error(exc, f"delete canary {c['metadata']['name']}") from None
+
+    async def adopt(self, target: Obj) -> None:
+        """Record the target's current speculative setting as the applied one.
+
+        Writes only the fingerprint annotation on the Deployment's own metadata (no rollout),
+        so that a later hand edit of its arguments is told apart from the operator's patches.
+        """
+        spec = current_spec(target, self._container, self._engine)
+        patch = {"metadata": {"annotations": {ANNOTATION_FINGERPRINT: fingerprint(spec)}}}
+        try:
+            await self._call(self._apps.patch_namespaced_deployment, self._target, self._ns, patch)
+        except ApiException as exc:
+            raise _api_error(exc, f"annotate Deployment {self._ns}/{self._target}") from None
 
     async def promote(self, arm: Arm) -> None:
         """Roll the target onto ``arm`` (strategic merge patch; retried on conflict)."""

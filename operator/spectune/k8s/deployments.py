@@ -139,7 +139,7 @@ def _render(engine: str, argv: Sequence[str], spec: SpecConfig | None) -> list[s
 
 
 def model_version(deployment: Obj, container: str | None, engine: str) -> str:
-    """What identifies the served model: the annotation if set, else image + model args.
+    """What identifies the served model: the annotation if set, else image + ``--model``.
 
     A change re-opens the search (a new checkpoint has new acceptance).
     """
@@ -148,11 +148,12 @@ def model_version(deployment: Obj, container: str | None, engine: str) -> str:
     for notes in (meta.get("annotations") or {}, template_meta.get("annotations") or {}):
         if ANNOTATION_MODEL_VERSION in notes:
             return str(notes[ANNOTATION_MODEL_VERSION])
+    # The drafter's checkpoint is not part of it: which drafter runs is the operator's own
+    # choice (promoting an arm must not look like a new model), and a new drafter checkpoint
+    # arrives as a change of the SpecTuning's spec.drafters, which re-opens the search itself.
     c = _container(_template_spec(deployment), container)
     _, argv = container_argv(deployment, container)
-    spec = _parse(engine, argv)
-    model = _model_arg(argv)
-    parts = [str(c.get("image", "")), model, spec.model or "" if spec else ""]
+    parts = [str(c.get("image", "")), _model_arg(argv)]
     return "sha-" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
 
 

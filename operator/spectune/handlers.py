@@ -1,0 +1,121 @@
+"""The operator's kopf handlers: the only module that imports kopf.
+
+Each handler parses the body into the api models, calls a plain function of
+``spectune.k8s`` and maps project errors to kopf's: :class:`~spectune.errors.SpecError` to
+``kopf.PermanentError`` (with a ``Ready=False, reason=InvalidSpec`` condition naming the
+field), :class:`~spectune.errors.NoDataError` and
+:class:`~spectune.errors.SourceUnavailableError` to ``kopf.TemporaryError`` with a delay.
+Collaborators (the Kubernetes client, the settings, the clock, the operator's metrics) live
+in kopf's ``memo``, set at start-up; there are no module globals.
+
+``spectune run`` (``spectune/run.py``) starts kopf through :func:`run_operator`.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from spectune.api.names import GROUP, PLURAL, VERSION
+from spectune.api.spec import parse_spec
+from spectune.api.status import ConditionStatus, parse_status
+from spectune.errors import NoDataError, SourceUnavailableError, SpecError
+from spectune.k8s.connect import api_client
+from spectune.k8s.projection import ConditionUpdate, merge_conditions
+from spectune.k8s.telemetry import OperatorMetrics
+from spectune.k8s.tuning import TuningLoop, WallClock, check_supported, cleanup
+from spectune.settings import Settings
+
+__all__ = ["run_operator"]
+
+_PREFIX = "spectune.io"
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Configure kopf and put the collaborators into ``memo``."""
+    cfg: Settings = memo.get("settings") or Settings.from_env()
+    memo.settings = cfg
+    settings.peering.standalone = True
+    # Keep kopf's own bookkeeping in annotations: the status schema is ours alone.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    memo.api = api_client()
+    memo.clock = WallClock()
+    memo.telemetry = OperatorMetrics()
+    if cfg.metrics_port:
+        memo.telemetry.serve(cfg.metrics_port)
+
+
+@kopf.on.cleanup()
+async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+    """Close the Kubernetes client."""
+    api = memo.get("api")
+    if api is not None:
+        api.close()
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def validate(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, **_: Any) -> None:
+    """Reject an invalid spec for good, with a condition naming the field."""
+    try:
+        check_supported(parse_spec(body))
+    except SpecError as exc:
+        now = datetime.now(tz=UTC)
+        try:
+            previous = parse_status(body).conditions
+        except SpecError:
+            previous = ()
+        update = ConditionUpdate("Ready", ConditionStatus.FALSE, "InvalidSpec", str(exc))
+        conditions = merge_conditions(previous, [update], now, meta.get("generation"))
+        patch.status["phase"] = "Failed"
+        patch.status["conditions"] = [c.model_dump(mode="json") for c in conditions]
+        raise kopf.PermanentError(str(exc)) from None
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
+async def tune(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Run the SpecTuning's tuning loop until it is deleted or the operator stops."""
+
+    def emit(kind: str, reason: str, message: str) -> None:
+        kopf.event(body, type=kind, reason=reason, message=message)
+
+    loop = TuningLoop(memo.api, body, memo.settings, memo.clock, memo.telemetry, emit)
+    try:
+        await loop.run()
+    except (NoDataError, SourceUnavailableError) as exc:
+        raise kopf.TemporaryError(str(exc), delay=memo.settings.poll_s) from None
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def delete(body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """Remove the canaries; leave the target on its last setting (or restore the original)."""
+    try:
+        done = await cleanup(memo.api, body)
+    except SourceUnavailableError as exc:
+        raise kopf.TemporaryError(str(exc), delay=memo.settings.poll_s) from None
+    memo.telemetry.forget(meta["namespace"], meta["name"])
+    logger.info(done)
+
+
+def run_operator(settings: Settings, *, verbose: bool = False) -> None:
+    """Run the operator in this process until it is stopped (SIGTERM/SIGINT)."""
+    kopf.configure(verbose=verbose)
+    liveness = (
+        f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
+    )
+    kopf.run(
+        standalone=True,
+        clusterwide=not settings.namespaces,
+        namespaces=list(settings.namespaces),
+        liveness_endpoint=liveness,
+        memo=kopf.Memo(settings=settings),
+    )

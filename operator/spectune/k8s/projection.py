@@ -1,0 +1,355 @@
+"""From the tuning loop's memory to the SpecTuning status a user reads, and back.
+
+The operator's loop (``k8s/tuning.py``) calls :func:`build_status` after every step and
+writes the result to the status subresource; on a restart it reads the controller's memory
+back with :func:`load_memory`. Pure functions over values: no client, no clock (``now`` is
+passed in), so every line of the status is tested without a cluster.
+
+What ``status.history`` holds (the operator's own, versioned):
+``{"version": 1, "history": History.to_json(), "state": ControllerState as JSON,
+"original": <arm the target ran before the first promotion>}``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
+from typing import Any
+
+from spectune.api.spec import Engine
+from spectune.api.status import (
+    MAX_TRIALS_IN_STATUS,
+    Acceptance,
+    Applied,
+    Condition,
+    ConditionStatus,
+    Finding,
+    Interval,
+    Phase,
+    Recommendation,
+    SpecTuningStatus,
+    Trial,
+    TrialOutcome,
+)
+from spectune.control.controller import ControllerState
+from spectune.control.controller import Phase as LoopPhase
+from spectune.search.arms import Arm, parse_arm
+from spectune.search.history import History, TrialRecord
+from spectune.search.objective import WindowStats
+from spectune.search.policy import Decision, Estimate
+
+__all__ = [
+    "MEMORY_VERSION",
+    "ConditionUpdate",
+    "Memory",
+    "StatusInputs",
+    "acceptance_of",
+    "build_status",
+    "load_memory",
+    "merge_conditions",
+    "recommendation_of",
+    "trials_of",
+]
+
+MEMORY_VERSION = 1
+
+_PHASES = {
+    LoopPhase.BASELINE: Phase.BASELINE,
+    LoopPhase.EXPLORING: Phase.EXPLORING,
+    LoopPhase.MONITORING: Phase.MONITORING,
+    LoopPhase.DRIFTED: Phase.DRIFTED,
+}
+
+
+def api_phase(phase: LoopPhase) -> Phase:
+    """The status phase of a controller phase."""
+    return _PHASES[phase]
+
+
+# -- the restart-safe memory ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the loop needs to resume: the history, the controller state, the original arm."""
+
+    history: History
+    state: ControllerState
+    original: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON kept in ``status.history``."""
+        state = {k: _finite(v) for k, v in asdict(self.state).items()}
+        state["phase"] = self.state.phase.value
+        return {
+            "version": MEMORY_VERSION,
+            "history": self.history.to_json(),
+            "state": state,
+            "original": self.original,
+        }
+
+
+def load_memory(doc: Mapping[str, Any] | None) -> Memory:
+    """The memory stored by :meth:`Memory.to_json`; empty for a new SpecTuning."""
+    if not doc:
+        return Memory(History(), ControllerState())
+    raw = doc.get("state") or {}
+    values: dict[str, Any] = {}
+    for f in fields(ControllerState):
+        if f.name not in raw:
+            continue
+        v = raw[f.name]
+        if f.name == "phase":
+            values[f.name] = LoopPhase(v)
+        elif f.name in ("model_version", "routes"):
+            values[f.name] = None if v is None else str(v)
+        else:
+            values[f.name] = None if v is None else float(v)
+    original = doc.get("original")
+    return Memory(
+        History.from_json(doc.get("history") or {}),
+        ControllerState(**values),
+        None if original is None else str(original),
+    )
+
+
+def _finite(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+# -- pieces of the status ---------------------------------------------------------------------
+
+
+def _time(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def _num(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def acceptance_of(stats: WindowStats | None, window_s: float) -> Acceptance | None:
+    """Acceptance over one window of the applied setting; None without drafts."""
+    if stats is None or not stats.drafts > 0 or stats.k < 1:
+        return None
+    per_pos = tuple(min(1.0, max(0.0, a / stats.drafts)) for a in stats.accepted_per_pos)
+    if per_pos:
+        rate = sum(per_pos[: stats.k]) / stats.k
+    elif math.isfinite(stats.mean_accepted_length):
+        rate = (stats.mean_accepted_length - 1) / stats.k
+    else:
+        return None
+    return Acceptance(
+        rate=min(1.0, max(0.0, rate)),
+        per_position=per_pos[:16],
+        mean_accepted_length=_num(stats.mean_accepted_length),
+        window=f"{round(window_s)}s",
+    )
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    xs = [v for v in values if math.isfinite(v)]
+    return sum(xs) / len(xs) if xs else None
+
+
+def trials_of(history: History) -> tuple[Trial, ...]:
+    """The latest trials (at most :data:`MAX_TRIALS_IN_STATUS`), oldest first."""
+    out = []
+    for t in history.trials[-MAX_TRIALS_IN_STATUS:]:
+        out.append(_trial(t))
+    return tuple(out)
+
+
+def _trial(t: TrialRecord) -> Trial:
+    can = _mean(w.canary.objective for w in t.windows if w.canary is not None)
+    inc = _mean(w.incumbent.objective for w in t.windows if w.incumbent is not None)
+    return Trial(
+        arm=t.arm,
+        outcome=TrialOutcome(t.outcome.value),
+        started_at=_time(t.started_s),
+        windows=len(t.windows),
+        incumbent=t.incumbent or None,
+        canary_objective=can,
+        incumbent_objective=inc,
+        reason=t.reason[:1024],
+    )
+
+
+def _speedup(ratio: float, minimise: bool) -> float:
+    """Speedup from an objective ratio (arm / reference): >1 means the arm is better."""
+    if not ratio > 0:
+        return math.nan
+    return 1.0 / ratio if minimise else ratio
+
+
+def recommendation_of(
+    decision: Decision | None, incumbent: Arm, minimise: bool
+) -> Recommendation | None:
+    """The recommendation of a decision: its arm (or the best estimate) against ``off``.
+
+    The policy's estimates are objective ratios to the incumbent; the speedup against
+    speculation off is the ratio of ``off``'s estimate to the arm's (for an objective to
+    minimise). Without an estimate of ``off``, the incumbent is the reference.
+    """
+    if decision is None:
+        return None
+    est = decision.estimates
+    arm = decision.arm
+    if est:
+        best = _best(est, minimise)
+        if decision.kind.value != "promote" or arm is None:
+            arm = parse_arm(best) if best is not None else arm
+    if arm is None:
+        return None
+    mine: Estimate | None = est.get(arm.name)
+    ref = est.get("off")
+    ref_value = ref.value if ref is not None else (1.0 if incumbent.drafter is None else None)
+    speed = interval = None
+    if mine is not None and ref_value is not None and ref_value > 0:
+        s = _speedup(mine.value / ref_value, minimise)
+        lo = _speedup(mine.high / ref_value, minimise)
+        hi = _speedup(mine.low / ref_value, minimise)
+        if minimise is False:
+            lo, hi = hi, lo
+        if math.isfinite(s):
+            speed = s
+        if math.isfinite(lo) and math.isfinite(hi):
+            interval = Interval(low=min(lo, hi), high=max(lo, hi))
+    return Recommendation(
+        arm=arm.name,
+        drafter=arm.drafter or "off",
+        k=arm.k,
+        expected_speedup=speed,
+        interval=interval,
+        reason=decision.reason[:1024],
+    )
+
+
+def _best(est: Mapping[str, Estimate], minimise: bool) -> str | None:
+    items = [(name, e.value) for name, e in est.items() if math.isfinite(e.value)]
+    if not items:
+        return None
+    pick = min if minimise else max
+    return pick(items, key=lambda x: x[1])[0]
+
+
+# -- conditions -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConditionUpdate:
+    """One condition as the loop sees it now."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str
+
+
+def merge_conditions(
+    previous: Sequence[Condition],
+    updates: Sequence[ConditionUpdate],
+    now: datetime,
+    generation: int | None,
+) -> tuple[Condition, ...]:
+    """Conditions with ``updates`` applied.
+
+    ``lastTransitionTime`` moves only when a condition's status changes (the Kubernetes
+    convention); conditions not updated are kept as they are.
+    """
+    by_type = {c.type: c for c in previous}
+    for u in updates:
+        old = by_type.get(u.type)
+        moved = old is None or old.status is not u.status
+        by_type[u.type] = Condition(
+            type=u.type,
+            status=u.status,
+            reason=u.reason,
+            message=u.message[:32768],
+            last_transition_time=now if moved or old is None else old.last_transition_time,
+            observed_generation=generation,
+        )
+    return tuple(by_type.values())[:16]
+
+
+# -- the whole status -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatusInputs:
+    """Everything :func:`build_status` reads (one step's outcome)."""
+
+    phase: Phase
+    generation: int | None
+    now: datetime
+    conditions: tuple[ConditionUpdate, ...] = ()
+    memory: Memory | None = None
+    applied: Arm | None = None
+    fingerprint: str | None = None
+    decision: Decision | None = None
+    minimise: bool = True
+    acceptance: Acceptance | None = None
+    findings: tuple[Finding, ...] | None = None
+    recommendation: Recommendation | None = None
+    model_version: str | None = None
+    routes: str | None = None
+    engine: Engine | None = None
+
+
+def build_status(previous: SpecTuningStatus, x: StatusInputs) -> dict[str, Any]:
+    """The status to write, as JSON: the previous status with this step's news.
+
+    A part the step did not learn anything about (no decision, no acceptance) keeps its
+    previous value, so a status never goes blank because one window had no data.
+    """
+    s = previous
+    updates: dict[str, Any] = {"phase": x.phase, "observed_generation": x.generation}
+    if x.applied is not None and x.fingerprint is not None:
+        updates["applied"] = Applied(
+            drafter=x.applied.drafter or "off",
+            k=x.applied.k,
+            arm=x.applied.name,
+            fingerprint=x.fingerprint,
+        )
+    rec = x.recommendation
+    if rec is None and x.decision is not None and x.applied is not None:
+        rec = recommendation_of(x.decision, x.applied, x.minimise)
+    if rec is not None:
+        updates["recommendation"] = rec
+    if x.acceptance is not None:
+        updates["acceptance"] = x.acceptance
+    if x.findings is not None:
+        updates["diagnosis"] = x.findings[:16]
+    if x.memory is not None:
+        updates["trials"] = trials_of(x.memory.history)
+        updates["history"] = x.memory.to_json()
+    if x.model_version is not None:
+        updates["observed_model_version"] = x.model_version
+    if x.routes:
+        updates["observed_routes"] = x.routes
+    updates["conditions"] = merge_conditions(s.conditions, x.conditions, x.now, x.generation)
+    new = replace_model(s, updates)
+    doc: dict[str, Any] = new.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return doc
+
+
+def replace_model(s: SpecTuningStatus, updates: Mapping[str, Any]) -> SpecTuningStatus:
+    """A copy of a status with fields replaced, validated again."""
+    return SpecTuningStatus.model_validate({**dict(s), **updates})
+
+
+def findings_of(raw: Sequence[Mapping[str, Any]]) -> tuple[Finding, ...]:
+    """Status findings from ``spectune.diagnose`` findings' JSON."""
+    out = []
+    for f in raw[:16]:
+        evidence = {k: _finite(v) for k, v in dict(f.get("evidence") or {}).items()}
+        out.append(
+            Finding(
+                code=str(f["code"]),
+                message=str(f.get("message", ""))[:1024],
+                evidence=evidence,
+            )
+        )
+    return tuple(out)

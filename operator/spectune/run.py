@@ -1,0 +1,60 @@
+"""``spectune run``: start the operator (kopf) with the settings read from the environment.
+
+The top-level CLI calls :func:`register` to add the command; ``python -m spectune.run``
+runs it on its own. The settings (``spectune/settings.py``) are read once, here; kopf and
+the handlers load only when the command runs, so registering it costs the CLI nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main", "register", "run_command"]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``run`` to a CLI's sub-parsers; it sets ``func`` to :func:`run_command`."""
+    run = subparsers.add_parser(
+        "run",
+        help="run the spectune operator (watches SpecTunings)",
+        description=(
+            "Run the operator. Settings come from the environment: SPECTUNE_NAMESPACES, "
+            "SPECTUNE_PROMETHEUS_URL, SPECTUNE_LIVENESS_PORT, SPECTUNE_METRICS_PORT, "
+            "SPECTUNE_POLL_SECONDS, SPECTUNE_METRICS_FAILURES, SPECTUNE_TIME_SCALE, "
+            "SPECTUNE_READY_TIMEOUT_SECONDS, SPECTUNE_DRAFT_COST (see spectune.settings)."
+        ),
+    )
+    run.add_argument("--verbose", action="store_true", help="log kopf's debug messages")
+    run.set_defaults(func=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Read the settings and run the operator until it is stopped."""
+    from spectune.handlers import run_operator
+    from spectune.settings import Settings
+
+    run_operator(Settings.from_env(), verbose=bool(args.verbose))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``spectune run`` as a program (``python -m spectune.run``)."""
+    from spectune.errors import SpecTuneError
+
+    parser = argparse.ArgumentParser(prog="spectune")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != "run":
+        args = ["run", *args]
+    ns = parser.parse_args(args)
+    try:
+        return int(ns.func(ns))
+    except SpecTuneError as exc:
+        print(f"spectune: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

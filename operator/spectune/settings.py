@@ -1,0 +1,118 @@
+"""The operator's settings: one model, read from the environment in one place.
+
+``spectune run`` calls :meth:`Settings.from_env` once at start-up and hands the result to
+kopf's ``memo``; nothing else reads the environment. Every field names its variable, unit
+and default (the README's "Running the operator" table is this docstring).
+
+==============================  ==========================================================
+variable                        meaning
+==============================  ==========================================================
+``SPECTUNE_NAMESPACES``         comma-separated namespaces to watch; empty: all namespaces
+``SPECTUNE_PROMETHEUS_URL``     when set, used instead of every SpecTuning's
+                                ``spec.metrics.prometheus.url`` (an operator that reaches
+                                Prometheus by another address than users write)
+``SPECTUNE_LIVENESS_PORT``      port of kopf's ``/healthz`` liveness endpoint; 0: off
+``SPECTUNE_METRICS_PORT``       port of the operator's own ``/metrics``; 0: off
+``SPECTUNE_POLL_SECONDS``       how often to look again while waiting (rollouts, a
+                                suspended or paused SpecTuning), seconds
+``SPECTUNE_METRICS_FAILURES``   consecutive failed windows during a trial before it ends
+``SPECTUNE_TIME_SCALE``         divides every duration of a spec (window, drift ``for``,
+                                ``every``) and the readiness timeout: for demos and tests
+                                against a time-scaled simulator; 1 in production
+``SPECTUNE_READY_TIMEOUT_SECONDS``  a canary not ready after this long is infeasible, seconds
+``SPECTUNE_DRAFT_COST``         draft cost ``c`` assumed by ``mode: recommend`` and by the
+                                status diagnosis, in target-step units
+==============================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from spectune.errors import SpecError
+
+__all__ = ["Settings"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The operator's settings (see the module docstring for the variables)."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty: every namespace (cluster-wide)."""
+    prometheus_url: str | None = None
+    """Overrides ``spec.metrics.prometheus.url`` of every SpecTuning when set."""
+    liveness_port: int = 8080
+    """Port of the liveness endpoint ``/healthz``; 0 disables it."""
+    metrics_port: int = 8081
+    """Port of the operator's own ``/metrics``; 0 disables it."""
+    poll_s: float = 15.0
+    """Seconds between looks while waiting for a rollout or a paused SpecTuning."""
+    metrics_failures: int = 3
+    """Consecutive failed metric windows during a trial before the trial ends."""
+    time_scale: float = 1.0
+    """Spec durations and the readiness timeout are divided by this (tests, demos)."""
+    draft_cost: float = 0.1
+    """Draft cost ``c`` assumed where none is measured, in target-step units."""
+    ready_timeout_s: float = 1800.0
+    """A canary not ready after this long (before ``time_scale``) is infeasible, seconds."""
+
+    def __post_init__(self) -> None:
+        for name in ("liveness_port", "metrics_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise SpecError(f"{_var(name)}: a port is 0..65535, got {port}")
+        if not self.poll_s > 0:
+            raise SpecError(f"{_var('poll_s')}: must be above 0 seconds, got {self.poll_s:g}")
+        if self.metrics_failures < 1:
+            raise SpecError(f"{_var('metrics_failures')}: must be at least 1")
+        if not self.time_scale > 0:
+            raise SpecError(f"{_var('time_scale')}: must be above 0, got {self.time_scale:g}")
+        if self.draft_cost < 0:
+            raise SpecError(f"{_var('draft_cost')}: must be at least 0")
+        if self.prometheus_url is not None and not self.prometheus_url.startswith(
+            ("http://", "https://")
+        ):
+            raise SpecError(f"{_var('prometheus_url')}: must start with http:// or https://")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read the settings from ``env`` (the process environment by default).
+
+        Raises :class:`~spectune.errors.SpecError` naming the variable that is wrong.
+        """
+        source = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = source.get(_var(f.name))
+            if raw is None or raw.strip() == "":
+                continue
+            raw = raw.strip()
+            try:
+                if f.name == "namespaces":
+                    values[f.name] = tuple(n.strip() for n in raw.split(",") if n.strip())
+                elif f.name == "prometheus_url":
+                    values[f.name] = raw
+                elif f.name in ("liveness_port", "metrics_port", "metrics_failures"):
+                    values[f.name] = int(raw)
+                else:
+                    values[f.name] = float(raw)
+            except ValueError:
+                raise SpecError(f"{_var(f.name)}={raw!r} is not a number") from None
+        return cls(**values)  # type: ignore[arg-type]
+
+    def scaled(self, seconds: float) -> float:
+        """A spec duration in wall seconds under :attr:`time_scale`."""
+        return seconds / self.time_scale
+
+
+_NAMES = {
+    "poll_s": "SPECTUNE_POLL_SECONDS",
+    "ready_timeout_s": "SPECTUNE_READY_TIMEOUT_SECONDS",
+}
+
+
+def _var(field_name: str) -> str:
+    return _NAMES.get(field_name, "SPECTUNE_" + field_name.upper())
