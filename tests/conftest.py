@@ -4,4 +4,8 @@ Tiers are folders: ``tests/unit`` (no network, fake time), ``tests/integration``
 component under test), and later ``tests/e2e``.
 """
 
-pytest_plugins = ["tests.fixtures.prometheus", "tests.fixtures.cluster"]
+pytest_plugins = [
+    "tests.fixtures.prometheus",
+    "tests.fixtures.cluster",
+    "tests.fixtures.simpods",
+]

@@ -1,0 +1,323 @@
+"""The operator end to end on the real API server, the real Prometheus and simulated pods.
+
+Each test runs ``spectune run`` as the RBAC manifest's ServiceAccount for its namespace,
+creates a vLLM-like Deployment whose pods (on kwok nodes) are given a body by
+``spectune sim serve`` (``tests/fixtures/simpods.py``) and scraped by Prometheus, and applies
+a SpecTuning. Windows are 10 s of wall time on a simulator running 30x faster (300 s of
+serving per window).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from tests.fixtures.cluster import Cluster, wait_for
+from tests.fixtures.prometheus import Prometheus
+from tests.fixtures.simpods import SimPods
+from tests.integration.operator.conftest import OperatorProcess
+
+from spectune.api.names import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from spectune.engines.args import parse_vllm_args
+
+TARGET = "llama"
+MODEL = "meta-llama/Llama-3.1-70B-Instruct"
+EAGLE = "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"
+
+
+def _deployment(args: list[str]) -> dict[str, Any]:
+    labels = {"app": TARGET}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": TARGET},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [
+                        {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": args}
+                    ]
+                },
+            },
+        },
+    }
+
+
+def _spectuning(prom_url: str, name: str = "tune", **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "targetRef": {"name": TARGET, "container": "vllm"},
+        "engine": "vllm",
+        "metrics": {"prometheus": {"url": prom_url}},
+        "drafters": [{"name": "eagle3", "method": "eagle3", "model": EAGLE, "maxK": 3}],
+        "search": {"window": "10s", "maxTrials": 4},
+    }
+    body.update(spec)
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": body}
+
+
+class Env:
+    """One test's cluster objects and helpers."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.ns = namespace
+        self.apps = client.AppsV1Api(cluster.api)
+        self.core = client.CoreV1Api(cluster.api)
+        self.custom = client.CustomObjectsApi(cluster.api)
+
+    def create_target(self, args: list[str]) -> None:
+        self.apps.create_namespaced_deployment(self.ns, _deployment(args))
+        wait_for(self.target_ready, timeout=90, message="the target rolled out")
+
+    def target(self) -> Any:
+        return self.apps.read_namespaced_deployment(TARGET, self.ns)
+
+    def target_ready(self) -> bool:
+        d = self.target()
+        s = d.status
+        return bool(
+            s.observed_generation == d.metadata.generation
+            and s.updated_replicas == 1
+            and s.available_replicas == 1
+            and (s.replicas or 0) == 1
+        )
+
+    def target_args(self) -> list[str]:
+        return [str(a) for a in self.target().spec.template.spec.containers[0].args]
+
+    def canaries(self) -> list[Any]:
+        return list(
+            self.apps.list_namespaced_deployment(
+                self.ns, label_selector="spectune.io/role=canary"
+            ).items
+        )
+
+    def create_spt(self, body: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+
+    def spt(self, name: str = "tune") -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.ns, PLURAL, name
+        )
+        return obj
+
+    def status(self, name: str = "tune") -> dict[str, Any]:
+        return dict(self.spt(name).get("status") or {})
+
+    def condition(self, type_: str, name: str = "tune") -> dict[str, Any] | None:
+        for c in self.status(name).get("conditions") or []:
+            if c["type"] == type_:
+                return dict(c)
+        return None
+
+    def events(self, name: str = "tune") -> list[Any]:
+        return list(
+            self.core.list_namespaced_event(
+                self.ns, field_selector=f"involvedObject.name={name}"
+            ).items
+        )
+
+    def reasons(self, name: str = "tune") -> set[str]:
+        return {e.reason for e in self.events(name)}
+
+
+def _arm_of(args: list[str]) -> str:
+    spec = parse_vllm_args(args).spec
+    if spec is None:
+        return "off"
+    return f"eagle3/{spec.num_speculative_tokens}"
+
+
+def _diagnostics(env: Env, op: OperatorProcess, sims: SimPods) -> Callable[[], str]:
+    def show() -> str:
+        return (
+            f"status={json.dumps(env.status().get('conditions'))} phase="
+            f"{env.status().get('phase')} sims={list(sims.running())} exits={sims.exits} "
+            f"errors={sims.errors}\noperator log:\n{op.log()[-3000:]}"
+        )
+
+    return show
+
+
+def test_auto_mode_explores_promotes_and_cleans_up(
+    cluster: Cluster,
+    namespace: str,
+    prometheus: Prometheus,
+    sim_pods: Callable[..., SimPods],
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    env = Env(cluster, namespace)
+    env.create_target(["serve", MODEL])
+    sims = sim_pods(namespace)
+    op = start_operator(namespace)
+    env.create_spt(_spectuning(prometheus.url))
+    why = _diagnostics(env, op, sims)
+
+    phases: list[str] = []
+    owned: list[Any] = []
+
+    def monitoring() -> bool:
+        phase = env.status().get("phase")
+        if phase and (not phases or phases[-1] != phase):
+            phases.append(phase)
+        for c in env.canaries():
+            if c.metadata.name not in {o.metadata.name for o in owned}:
+                owned.append(c)
+        return phase == "Monitoring"
+
+    wait_for(monitoring, timeout=240, interval=0.5, message=lambda: f"Monitoring; {why()}")
+    assert phases[0] == "Baseline" and "Exploring" in phases, phases
+
+    # Canaries ran the trials, owned by the SpecTuning, and are gone after convergence.
+    assert owned, "no canary Deployment was ever created"
+    spt_uid = env.spt()["metadata"]["uid"]
+    for c in owned:
+        refs = c.metadata.owner_references
+        assert refs and refs[0].kind == KIND and refs[0].uid == spt_uid, refs
+    wait_for(lambda: not env.canaries(), timeout=30, message="canaries removed after promotion")
+
+    # The promoted setting is what the Deployment runs, and what the status says.
+    status = env.status()
+    promoted = status["history"]["history"]["promotions"][-1][1]
+    wait_for(lambda: _arm_of(env.target_args()) == promoted, timeout=30, message="promotion")
+    assert status["applied"]["arm"] in (promoted, "off")
+    assert status["recommendation"]["arm"]
+    assert status["trials"] and all(t["outcome"] != "running" for t in status["trials"])
+    assert {"TrialStarted", "Promoted"} <= env.reasons()
+    ready = env.condition("Ready")
+    assert ready is not None and ready["status"] == "True" and ready["lastTransitionTime"]
+
+    # The operator's own metrics.
+    import httpx
+
+    page = httpx.get(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5).text
+    assert f'spectune_phase{{name="tune",namespace="{namespace}",phase="Monitoring"}} 1.0' in page
+    assert "spectune_trials{" in page
+
+    # Deleting the SpecTuning leaves the target on the promoted setting.
+    env.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "tune")
+
+    def gone() -> bool:
+        try:
+            env.spt()
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(gone, timeout=30, message="the SpecTuning's finalizer released")
+    assert _arm_of(env.target_args()) == promoted
+    assert not env.canaries()
+
+
+def test_recommend_mode_never_changes_the_deployment(
+    cluster: Cluster,
+    namespace: str,
+    prometheus: Prometheus,
+    sim_pods: Callable[..., SimPods],
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    env = Env(cluster, namespace)
+    spec = json.dumps({"method": "eagle3", "model": EAGLE, "num_speculative_tokens": 3})
+    env.create_target(["serve", MODEL, "--speculative-config", spec])
+    before = env.target()
+    sims = sim_pods(namespace)
+    op = start_operator(namespace)
+    env.create_spt(_spectuning(prometheus.url, mode="recommend"))
+    why = _diagnostics(env, op, sims)
+
+    def recommended() -> dict[str, Any] | None:
+        s = env.status()
+        if s.get("phase") == "Converged" and s.get("recommendation"):
+            return s
+        return None
+
+    status = wait_for(recommended, timeout=90, message=lambda: f"a recommendation; {why()}")
+    rec = status["recommendation"]
+    assert rec["drafter"] == "eagle3" and 1 <= rec["k"] <= 3
+    assert "assuming draft cost" in rec["reason"]
+    assert status["acceptance"]["rate"] > 0.3
+    assert status["applied"]["arm"] == "eagle3/3"
+    time.sleep(3)
+    after = env.target()
+    assert after.metadata.generation == before.metadata.generation
+    assert after.metadata.annotations == before.metadata.annotations
+    assert not env.canaries()
+
+
+def test_invalid_specs_are_refused_with_the_field_named(
+    cluster: Cluster,
+    namespace: str,
+    prometheus: Prometheus,
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    env = Env(cluster, namespace)
+    # The API server refuses what its schema and CEL rules can see...
+    bad = _spectuning(prometheus.url, drafters=[{"name": "e3", "method": "eagle3"}])
+    with pytest.raises(ApiException) as err:
+        env.create_spt(bad)
+    assert err.value.status == 422 and "model" in err.value.body
+    # ...and the operator refuses what it does not implement, naming the field.
+    env.create_target(["serve", MODEL])
+    op = start_operator(namespace)
+    env.create_spt(_spectuning(prometheus.url, search={"window": "10s", "strategy": "inPlace"}))
+
+    def invalid() -> dict[str, Any] | None:
+        c = env.condition("Ready")
+        return c if c is not None and c["reason"] == "InvalidSpec" else None
+
+    cond = wait_for(invalid, timeout=60, message=lambda: f"InvalidSpec; {op.log()[-2000:]}")
+    assert cond["status"] == "False"
+    assert "spec.search.strategy" in cond["message"]
+    assert cond["observedGeneration"] == env.spt()["metadata"]["generation"]
+    assert env.status()["phase"] == "Failed"
+    assert not env.canaries()
+
+
+def test_human_edit_pauses_tuning_and_nothing_is_overwritten(
+    cluster: Cluster,
+    namespace: str,
+    prometheus: Prometheus,
+    sim_pods: Callable[..., SimPods],
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    env = Env(cluster, namespace)
+    env.create_target(["serve", MODEL])
+    sims = sim_pods(namespace)
+    op = start_operator(namespace)
+    env.create_spt(_spectuning(prometheus.url, search={"window": "20s", "maxTrials": 4}))
+    why = _diagnostics(env, op, sims)
+    wait_for(
+        lambda: "spectune.io/fingerprint" in (env.target().metadata.annotations or {}),
+        timeout=60,
+        message=lambda: f"the operator adopted the target; {why()}",
+    )
+    human = json.dumps({"method": "eagle3", "model": EAGLE, "num_speculative_tokens": 2})
+    edited = ["serve", MODEL, "--speculative-config", human]
+    env.apps.patch_namespaced_deployment(
+        TARGET,
+        namespace,
+        {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "args": edited}]}}}},
+    )
+
+    def paused() -> dict[str, Any] | None:
+        c = env.condition("Ready")
+        return c if c is not None and c["reason"] == "HumanEdit" else None
+
+    cond = wait_for(paused, timeout=90, message=lambda: f"HumanEdit; {why()}")
+    assert cond["status"] == "False" and "nothing is overwritten" in cond["message"]
+    wait_for(lambda: "HumanEdit" in env.reasons(), timeout=30, message="a HumanEdit event")
+    wait_for(lambda: not env.canaries(), timeout=30, message="canaries removed while paused")
+    time.sleep(5)
+    assert env.target_args() == edited
+    assert env.condition("Ready")["reason"] == "HumanEdit"  # type: ignore[index]
