@@ -1,0 +1,96 @@
+"""Every bench policy on every shipped scenario: the table that keeps the search honest.
+
+Run: python3 benchmarks/bench_all.py [--scenarios 'examples/scenarios/*.yaml']
+         [--policies grid,ucb1,...] [--window 300] [--jobs N] [--json]
+
+For each scenario the oracle (every candidate static arm) is computed first — or read from
+the on-disk cache (``$SPECTUNE_CACHE_DIR``, default ``~/.cache/spectune``) — and timed
+separately; then each policy runs through ``spectune.bench.runner.run_bench`` (the same
+code as ``spectune bench``). Prints efficiency, run_efficiency, trials and
+guardrail_breach_s per scenario × policy, each run's wall time (the oracle cached), and the
+total. ``static:<initial>`` is the untuned deployment (the scenario's ``initial`` arm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from spectune.bench.oracle import Oracle
+from spectune.bench.registry import policy_names
+from spectune.bench.runner import run_bench
+from spectune.sim.scenario import load_scenario
+
+
+def _policies(initial_arm: str, wanted: list[str] | None) -> list[str]:
+    if wanted:
+        return wanted
+    return [n for n in policy_names() if n != "static:<arm>"] + [f"static:{initial_arm}"]
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def main() -> int:
+    """Run the table; exit code 0."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenarios", default="examples/scenarios/*.yaml")
+    ap.add_argument("--policies", help="comma-separated (default: every registered policy)")
+    ap.add_argument("--window", type=float, default=300.0)
+    ap.add_argument("--jobs", type=int)
+    ap.add_argument("--json", action="store_true", help="one JSON object per run, per line")
+    ns = ap.parse_args()
+    wanted = ns.policies.split(",") if ns.policies else None
+    console = Console(stderr=ns.json)
+    table = Table(title="spectune bench: every policy on every scenario")
+    for col in (
+        "scenario",
+        "policy",
+        "efficiency",
+        "run_efficiency",
+        "trials",
+        "breach s",
+        "wall s",
+    ):
+        table.add_column(col, justify="left" if col in ("scenario", "policy") else "right")
+    total0 = time.perf_counter()
+    for path in sorted(glob.glob(ns.scenarios)):
+        scenario = load_scenario(path)
+        oracle = Oracle(scenario, scenario.seed, jobs=ns.jobs)
+        arms = [a.name for a in oracle.candidates()]
+        cached = sum(oracle.cached(a) for a in arms)
+        t0 = time.perf_counter()
+        oracle.runs(arms)
+        console.print(
+            f"{scenario.name}: oracle of {len(arms)} arms in {time.perf_counter() - t0:.1f}s "
+            f"({cached} cached before)"
+        )
+        for policy in _policies(scenario.initial_arm.name, wanted):
+            result = run_bench(scenario, policy, window_s=ns.window, jobs=ns.jobs)
+            doc = result.to_json()
+            if ns.json:
+                print(json.dumps(doc), flush=True)
+            table.add_row(
+                scenario.name,
+                policy,
+                _fmt(doc["efficiency"]),
+                _fmt(doc["run_efficiency"]),
+                str(doc["trials"]),
+                _fmt(doc["guardrail_breach_s"], ".0f"),
+                _fmt(doc["wall_seconds"], ".1f"),
+            )
+    console.print(table)
+    console.print(f"total wall time: {time.perf_counter() - total0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""The simulator body's ports: a simulated fleet behind the controller's Actuator, GroupMetrics
+and Clock (``control/ports.py``).
+
+The bench's runner builds one :class:`SimStage` over a :class:`~spectune.sim.Fleet` and
+hands the controller its three faces. The brain sees only what a cluster would show it:
+
+* :class:`SimActuator` puts the canary replicas (the last ``canary_replicas`` of the fleet)
+  on a trial arm with a restart, and promotes with a rolling update — one replica at a time,
+  each drained, restarted and serving before the next — so exploration costs what it costs
+  on a cluster. Stopping a canary returns its replicas to the incumbent at the next moment
+  time moves, unless a promotion in the same step already put the target on their arm.
+  Scenario ``model_version`` events appear in ``Deployment.model_version``, ``route_mix``
+  events in ``Deployment.routes`` (a fingerprint of the route shares).
+* :class:`SimGroupMetrics` scrapes every serving replica's ``/metrics`` text at the start
+  and the end of a window, parses it with :func:`~spectune.metrics.parse_page`, and builds
+  one :class:`~spectune.metrics.Observation` per group with
+  :func:`~spectune.metrics.observation_from_pages` — the path a real pod takes. Pods are
+  named ``replica-<i>-<generation>`` (a restart is a new pod, as in Kubernetes), and a
+  draining replica is not scraped (its pod is terminating).
+* :class:`VirtualClock` is simulated time: sleeping advances the fleet.
+
+:class:`SimStage` is the one place simulated time moves, so the rollout progresses whoever
+advances the clock. It never advances past ``end_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from spectune.control.ports import Deployment, Group
+from spectune.errors import SpecError
+from spectune.metrics import Observation, Snapshot, observation_from_pages, parse_page
+from spectune.search.arms import Arm
+from spectune.sim.fleet import Fleet, Phase, ReplicaState
+from spectune.sim.scenario import RouteMixEvent
+
+__all__ = ["SimActuator", "SimGroupMetrics", "SimStage", "VirtualClock"]
+
+#: While a rolled replica drains (its end time is unknown), time moves in steps this long.
+DRAIN_POLL_S = 1.0
+
+
+class SimStage:
+    """A fleet plus the canary and rollout state an actuator keeps on a cluster.
+
+    Attributes
+    ----------
+    incumbent
+        The arm the target runs or is rolling to.
+    trials
+        Configuration changes applied: each canary start and each promotion that changes
+        the target (a promotion that cannot start counts too: a pod was restarted for it).
+    timeline
+        ``(time, arm)`` at time 0 and at every promotion that changed the target.
+    """
+
+    def __init__(self, fleet: Fleet, *, canary_replicas: int = 1, end_s: float) -> None:
+        n = fleet.size
+        if not 1 <= canary_replicas <= n:
+            raise SpecError(f"canary replicas must be within 1..{n} (the fleet's replicas)")
+        self.fleet = fleet
+        self.end_s = end_s
+        self.canary_idx = tuple(range(n - canary_replicas, n))
+        self.incumbent: Arm = fleet.scenario.initial_arm
+        self.canary_arm: Arm | None = None
+        self.canary_failure: str | None = None
+        self.promotion_failure: str | None = None
+        self.trials = 0
+        self.timeline: list[tuple[float, str]] = [(0.0, self.incumbent.name)]
+        self._configured: list[Arm] = [s.arm for s in fleet.states()]
+        self._generation = [0] * n
+        self._released: set[int] = set()
+        self._queue: list[int] = []
+        self._current: int | None = None
+        self._route_events = sorted(
+            (e for e in fleet.scenario.events if isinstance(e, RouteMixEvent)),
+            key=lambda e: e.at_s,
+        )
+
+    # --- replicas -----------------------------------------------------------------------
+
+    @property
+    def now(self) -> float:
+        """Simulated seconds."""
+        return self.fleet.now
+
+    def pod(self, i: int) -> str:
+        """Replica ``i``'s current pod name."""
+        return f"replica-{i}-{self._generation[i]}"
+
+    def role(self, i: int) -> Group:
+        """Which group replica ``i`` belongs to now."""
+        if self.canary_arm is not None and i in self.canary_idx:
+            return Group.CANARY
+        return Group.INCUMBENT
+
+    def _apply(self, arm: Arm, replicas: Sequence[int]) -> str | None:
+        if not replicas:
+            return None
+        result = self.fleet.apply(arm, replicas)
+        for i in replicas:
+            self._configured[i] = arm
+            self._generation[i] += 1
+        return result.failure
+
+    # --- canary -------------------------------------------------------------------------
+
+    def start_canary(self, arm: Arm) -> None:
+        """Restart the canary replicas on ``arm``."""
+        self.fleet.scenario.check_arm(arm)
+        self.settle()
+        self._released.difference_update(self.canary_idx)
+        self.canary_arm = arm
+        self.trials += 1
+        self.canary_failure = self._apply(arm, self.canary_idx)
+
+    def stop_canary(self) -> None:
+        """End the canary; its replicas rejoin the target on the next move of time."""
+        if self.canary_arm is None:
+            return
+        self.canary_arm = None
+        self.canary_failure = None
+        self._released.update(self.canary_idx)
+
+    def settle(self) -> None:
+        """Put released canary replicas back on the incumbent (unless they run it already)."""
+        if not self._released:
+            return
+        back = [i for i in sorted(self._released) if self._configured[i] != self.incumbent]
+        self._released.clear()
+        self._apply(self.incumbent, back)
+
+    # --- promotion ----------------------------------------------------------------------
+
+    def promote(self, arm: Arm) -> None:
+        """Start a rolling update of the target onto ``arm``."""
+        self.fleet.scenario.check_arm(arm)
+        if arm == self.incumbent:
+            return
+        failure = self.fleet.physics(arm).failure
+        self.trials += 1
+        if failure is not None:
+            # The first new pod crash-loops; Kubernetes keeps the old ones serving.
+            self.promotion_failure = f"{arm.name}: {failure}"
+            return
+        self.promotion_failure = None
+        self.incumbent = arm
+        self.timeline.append((self.now, arm.name))
+        canary = set(self.canary_idx) if self.canary_arm is not None else set()
+        self._queue = [
+            i
+            for i in range(self.fleet.size)
+            if i not in canary and i not in self._released and self._configured[i] != arm
+        ]
+        self._current = None
+        self._roll()
+
+    @property
+    def rolling(self) -> bool:
+        """Whether a rollout is still in progress."""
+        return self._current is not None or bool(self._queue)
+
+    def _roll(self) -> None:
+        """Move the rollout on: the next replica once the current one serves the target."""
+        while True:
+            if self._current is not None:
+                st = self.fleet.state(self._current)
+                done = (st.phase is Phase.SERVING and st.arm == self.incumbent) or (
+                    st.phase is Phase.FAILED
+                )
+                if not done:
+                    return
+                self._current = None
+            if not self._queue:
+                return
+            self._current = self._queue.pop(0)
+            self._apply(self.incumbent, [self._current])
+
+    # --- time ---------------------------------------------------------------------------
+
+    def advance_to(self, t: float) -> None:
+        """Move simulated time to ``min(t, end_s)``, moving the rollout along the way."""
+        t = min(t, self.end_s)
+        self.settle()
+        self._roll()
+        while self.fleet.now < t:
+            step_to = t
+            if self._current is not None:
+                st = self.fleet.state(self._current)
+                if st.phase is Phase.DOWN and st.ready_at_s is not None:
+                    step_to = min(t, max(st.ready_at_s, self.fleet.now))
+                else:
+                    step_to = min(t, self.fleet.now + DRAIN_POLL_S)
+            self.fleet.advance(step_to)
+            self._roll()
+
+    # --- what the actuator reports ----------------------------------------------------------
+
+    def routes(self) -> str:
+        """A fingerprint of the route shares now in effect."""
+        shares = {r.name: r.share for r in self.fleet.scenario.routes}
+        applied = sum(1 for e in self.fleet.applied_events if e.kind == "route_mix")
+        for ev in self._route_events[:applied]:
+            shares.update(ev.shares)
+        total = sum(shares.values()) or 1.0
+        return ",".join(f"{k}={v / total:.4g}" for k, v in sorted(shares.items()))
+
+    def deployment(self) -> Deployment:
+        """What runs now."""
+        self.settle()
+        self._roll()
+        ready = False
+        failure = self.canary_failure
+        if self.canary_arm is not None:
+            states = [self.fleet.state(i) for i in self.canary_idx]
+            ready = all(s.phase is Phase.SERVING and s.arm == self.canary_arm for s in states)
+            if failure is None:
+                failure = next((s.failure for s in states if s.failure is not None), None)
+        return Deployment(
+            incumbent=self.incumbent,
+            canary=self.canary_arm,
+            canary_ready=ready and failure is None,
+            canary_failure=failure,
+            rolling=self.rolling,
+            model_version=self.fleet.model_version,
+            routes=self.routes(),
+        )
+
+    def incumbent_at(self, t: float) -> str:
+        """The target's arm (as promoted) at simulated time ``t``."""
+        arm = self.timeline[0][1]
+        for at, name in self.timeline:
+            if at <= t:
+                arm = name
+        return arm
+
+
+class SimActuator:
+    """The Actuator port over a :class:`SimStage`."""
+
+    def __init__(self, stage: SimStage) -> None:
+        self.stage = stage
+
+    async def deployment(self) -> Deployment:
+        """What runs now."""
+        return self.stage.deployment()
+
+    async def start_canary(self, arm: Arm) -> None:
+        """Restart the canary replicas on ``arm``."""
+        self.stage.start_canary(arm)
+
+    async def stop_canary(self) -> None:
+        """Remove the canary."""
+        self.stage.stop_canary()
+
+    async def promote(self, arm: Arm) -> None:
+        """Roll the target onto ``arm``."""
+        self.stage.promote(arm)
+
+
+class VirtualClock:
+    """The Clock port: simulated seconds; sleeping advances the fleet."""
+
+    def __init__(self, stage: SimStage) -> None:
+        self.stage = stage
+
+    def now(self) -> float:
+        """Simulated seconds."""
+        return self.stage.now
+
+    async def sleep(self, seconds: float) -> None:
+        """Let ``seconds`` of simulated time pass."""
+        self.stage.advance_to(self.stage.now + max(0.0, seconds))
+
+
+class SimGroupMetrics:
+    """The GroupMetrics port: replicas' exposition text at a window's ends, parsed."""
+
+    def __init__(self, stage: SimStage) -> None:
+        self.stage = stage
+
+    def _pages(self) -> dict[str, tuple[Group, Snapshot]]:
+        stage = self.stage
+        out: dict[str, tuple[Group, Snapshot]] = {}
+        for st in stage.fleet.states():
+            if st.phase is not Phase.SERVING:
+                continue
+            pod = stage.pod(st.index)
+            out[pod] = (stage.role(st.index), parse_page(stage.fleet.metrics_text(st.index), pod))
+        return out
+
+    def _failed(self) -> dict[Group, dict[str, str]]:
+        out: dict[Group, dict[str, str]] = {}
+        states: Sequence[ReplicaState] = self.stage.fleet.states()
+        for st in states:
+            if st.phase is Phase.FAILED and st.failure is not None:
+                out.setdefault(self.stage.role(st.index), {})[self.stage.pod(st.index)] = st.failure
+        return out
+
+    async def observe(self, window_s: float) -> Mapping[Group, Observation]:
+        """Scrape, wait out the window, scrape again; one Observation per group."""
+        self.stage.settle()
+        start = self.stage.now
+        before = self._pages()
+        self.stage.advance_to(start + window_s)
+        after = self._pages()
+        elapsed = self.stage.now - start
+        failed = self._failed()
+        out: dict[Group, Observation] = {}
+        for group in (Group.INCUMBENT, Group.CANARY):
+            ends = {pod: snap for pod, (g, snap) in after.items() if g is group}
+            if not ends:
+                continue
+            starts = [snap for pod, (g, snap) in before.items() if g is group and pod in ends]
+            out[group] = observation_from_pages(
+                starts, list(ends.values()), window_s=elapsed, failed_pods=failed.get(group)
+            )
+        return out

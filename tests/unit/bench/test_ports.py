@@ -1,0 +1,163 @@
+"""The simulator body's ports: metrics only through exposition text, canaries and rollouts
+that cost restarts, and scenario events visible where the operator would see them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import spectune.bench.adapters as adapters
+from spectune.bench.adapters import SimActuator, SimGroupMetrics, SimStage, VirtualClock
+from spectune.control.ports import Group
+from spectune.metrics import Observation, Snapshot
+from spectune.search.arms import OFF, Arm
+from spectune.sim.fleet import Fleet, Phase
+from tests.unit.bench.conftest import tiny_scenario
+
+
+def stage_of(**changes: object) -> SimStage:
+    scenario = tiny_scenario(**changes)
+    return SimStage(Fleet(scenario), end_s=float(scenario.duration_s))
+
+
+def test_observations_are_built_from_parsed_pages_and_grouped_by_role(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    stage = stage_of()
+    texts: list[int] = []
+    parsed: list[str] = []
+    real_text, real_parse = stage.fleet.metrics_text, adapters.parse_page
+
+    def text(i: int) -> str:
+        texts.append(i)
+        return real_text(i)
+
+    def parse(page: str, pod: str = "pod-0") -> Snapshot:
+        parsed.append(pod)
+        return real_parse(page, pod)
+
+    monkeypatch.setattr(stage.fleet, "metrics_text", text)
+    monkeypatch.setattr(adapters, "parse_page", parse)
+    stage.start_canary(Arm("eagle3", 2))
+    stage.advance_to(60)  # the canary restarts and serves
+    assert stage.deployment().canary_ready
+    texts.clear()
+    parsed.clear()
+
+    t0 = stage.now
+    groups = asyncio.run(SimGroupMetrics(stage).observe(120))
+    assert set(groups) == {Group.INCUMBENT, Group.CANARY}
+    assert all(isinstance(o, Observation) for o in groups.values())
+    # Two scrapes (start, end) of each of the two serving replicas, each one parsed.
+    assert sorted(texts) == [0, 0, 1, 1]
+    assert sorted(parsed) == ["replica-0-0", "replica-0-0", "replica-1-1", "replica-1-1"]
+    inc, can = groups[Group.INCUMBENT], groups[Group.CANARY]
+    assert inc.pods == ("replica-0-0",) and can.pods == ("replica-1-1",)
+    assert inc.window_s == pytest.approx(120)
+    # The incumbent runs off (no spec families); the canary drafts at k = 2.
+    assert inc.spec is None
+    assert can.spec is not None and can.spec.accepted_per_pos is not None
+    assert len(can.spec.accepted_per_pos) == 2
+    # The text path is faithful: the e2e histogram counts the requests each replica finished.
+    for replica, obs in ((0, inc), (1, can)):
+        finished = [r for r in stage.fleet.records(t0, stage.now) if r.replica == replica]
+        assert obs.e2e is not None
+        assert obs.e2e.count == pytest.approx(len(finished), abs=2)
+
+
+def test_a_canary_restarts_only_the_canary_replicas_and_reports_failures():
+    # A drafter too large for the memory left cannot start, as in vLLM.
+    big = {
+        "name": "huge",
+        "method": "draft_model",
+        "model": "huge",
+        "weights_gib": 150,
+        "params_b": 70,
+        "kv_bytes_per_token": 327680,
+        "max_k": 2,
+    }
+    stage = stage_of(drafters=[*tiny_scenario().model_dump()["drafters"], big])
+    stage.start_canary(Arm("eagle3", 1))
+    states = stage.fleet.states()
+    assert states[0].phase is Phase.SERVING
+    assert states[1].phase in (Phase.DRAINING, Phase.DOWN)
+    assert stage.trials == 1
+    stage.stop_canary()
+    stage.start_canary(Arm("huge", 1))
+    dep = stage.deployment()
+    assert dep.canary == Arm("huge", 1)
+    assert dep.canary_failure is not None and not dep.canary_ready
+    assert stage.trials == 2
+
+
+def test_promotion_rolls_one_replica_at_a_time_and_counts_one_trial():
+    stage = stage_of(fleet={"replicas": 3})
+    stage.advance_to(10)
+    stage.promote(Arm("eagle3", 3))
+    assert stage.trials == 1
+    assert stage.deployment().rolling
+    down_at_once = 0
+    while stage.rolling:
+        stage.advance_to(stage.now + 1.0)
+        states = stage.fleet.states()
+        down_at_once = max(down_at_once, sum(s.phase is not Phase.SERVING for s in states))
+    assert down_at_once == 1
+    assert all(s.arm == Arm("eagle3", 3) for s in stage.fleet.states())
+    assert stage.incumbent_at(stage.now) == "eagle3/3"
+    assert stage.incumbent_at(9.0) == "off"
+    # Promoting what runs changes nothing and costs nothing.
+    stage.promote(Arm("eagle3", 3))
+    assert stage.trials == 1 and not stage.rolling
+
+
+def test_promoting_the_canary_arm_keeps_the_canary_replica_as_it_is():
+    stage = stage_of()
+    stage.start_canary(Arm("eagle3", 2))
+    stage.advance_to(60)
+    restarted = stage.pod(1)
+    stage.stop_canary()
+    stage.promote(Arm("eagle3", 2))
+    while stage.rolling:
+        stage.advance_to(stage.now + 5.0)
+    assert stage.pod(1) == restarted  # no second restart of the former canary
+    assert stage.pod(0) == "replica-0-1"
+    assert stage.trials == 2  # the canary start and the promotion
+
+
+def test_a_stopped_canary_returns_to_the_incumbent():
+    stage = stage_of()
+    stage.start_canary(Arm("ngram", 1))
+    stage.advance_to(60)
+    stage.stop_canary()
+    stage.advance_to(120)
+    assert [s.arm for s in stage.fleet.states()] == [OFF, OFF]
+    assert stage.trials == 1
+
+
+def test_model_version_and_route_mix_events_reach_the_deployment():
+    two_routes = tiny_scenario().model_dump()["routes"]
+    second = {**two_routes[0], "name": "summarize", "share": 0.0}
+    stage = stage_of(
+        routes=[two_routes[0], second],
+        events=[
+            {"at_s": 100, "kind": "model_version", "version": "v2"},
+            {"at_s": 200, "kind": "route_mix", "shares": {"chat": 0.5, "summarize": 0.5}},
+        ],
+    )
+    first = stage.deployment()
+    clock = VirtualClock(stage)
+    asyncio.run(clock.sleep(150))
+    middle = stage.deployment()
+    asyncio.run(clock.sleep(100))
+    last = asyncio.run(SimActuator(stage).deployment())
+    assert (first.model_version, middle.model_version) == ("initial", "v2")
+    assert first.routes == middle.routes != last.routes
+    assert "summarize=0.5" in last.routes
+
+
+def test_time_never_runs_past_the_scenario_end():
+    stage = stage_of()
+    asyncio.run(VirtualClock(stage).sleep(10_000))
+    assert stage.now == 600

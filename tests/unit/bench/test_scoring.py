@@ -1,0 +1,99 @@
+"""Scoring from request records: phase objectives and guardrail breaches."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from spectune.bench.scoring import (
+    ABSOLUTE_SLACK_S,
+    GuardrailLimit,
+    RequestTable,
+    breach_seconds,
+    metric_value,
+    p95_interval,
+    score_windows,
+)
+from spectune.search.objective import Metric
+
+
+def table(
+    finish: list[float], ttft: float, queue: float = 0.01, tokens: float = 10
+) -> RequestTable:
+    n = len(finish)
+    f = np.asarray(finish, dtype=np.float64)
+    return RequestTable(
+        finish_s=f,
+        tpot_s=np.full(n, 0.02),
+        ttft_s=np.full(n, ttft),
+        queue_s=np.full(n, queue),
+        e2e_s=np.full(n, 1.0),
+        output_tokens=np.full(n, tokens),
+    )
+
+
+LIMITS = [GuardrailLimit("ttftP95", "ttft_s", 0.2), GuardrailLimit("queueP95", "queue_s", 0.2)]
+
+
+def test_objectives_read_the_requests_finished_in_the_span():
+    t = table([float(i) for i in range(100)], ttft=0.1)
+    assert metric_value(t, Metric.TTFT_P95, 0, 100) == 0.1
+    assert metric_value(t, Metric.OUTPUT_TOKENS_PER_SECOND, 0, 50) == 10.0
+    assert math.isnan(metric_value(t, Metric.TPOT_P95, 200, 300))
+
+
+def test_windows_are_aligned_to_each_phase():
+    assert score_windows([(0, 250), (250, 400)], 100) == [
+        (0, 100, 0), (100, 200, 0), (200, 250, 0), (250, 350, 1), (350, 400, 1),
+    ]  # fmt: skip
+
+
+def concat(*parts: RequestTable) -> RequestTable:
+    return RequestTable(
+        *(np.concatenate([getattr(p, f) for p in parts]) for f in RequestTable.__dataclass_fields__)
+    )
+
+
+def test_breach_counts_the_windows_past_tolerance_and_slack():
+    ref = table([i * 0.5 for i in range(800)], ttft=0.1)
+    run = concat(
+        table([i * 0.5 for i in range(200)], ttft=0.1),  # 0-100 s: as the oracle
+        table([100 + i * 0.5 for i in range(200)], ttft=0.15),  # TTFT 50 % worse
+        table([200 + i * 0.5 for i in range(200)], ttft=0.12 + ABSOLUTE_SLACK_S / 2),  # within
+        table([300 + i * 0.5 for i in range(200)], ttft=0.1, queue=0.5),  # queue 50x worse
+    )
+    assert breach_seconds(run, lambda p: ref, [(0, 400)], 100, LIMITS) == 200
+    assert breach_seconds(run, lambda p: ref, [(0, 400)], 100, LIMITS[:1]) == 100
+    assert breach_seconds(run, lambda p: ref, [(0, 400)], 100, []) == 0
+
+
+def test_a_window_with_too_few_requests_is_not_judged():
+    ref = table([float(i) for i in range(100)], ttft=0.1)
+    run = table([1.0, 2.0, 3.0], ttft=5.0)
+    assert breach_seconds(run, lambda p: ref, [(0, 100)], 100, LIMITS) == 0
+
+
+def test_two_samples_of_one_distribution_do_not_breach_but_a_real_shift_does():
+    rng = np.random.default_rng(0)
+
+    def bursty(scale: float) -> RequestTable:
+        t = table([i * 0.5 for i in range(600)], ttft=0.1)
+        return RequestTable(
+            t.finish_s, t.tpot_s, t.ttft_s, rng.lognormal(-4, 1.2, 600) * scale, t.e2e_s,
+            t.output_tokens,
+        )  # fmt: skip
+
+    ref = bursty(1.0)
+    same = [breach_seconds(bursty(1.0), lambda p: ref, [(0, 300)], 100, LIMITS) for _ in range(20)]
+    assert sum(same) == 0
+    assert breach_seconds(bursty(5.0), lambda p: ref, [(0, 300)], 100, LIMITS) == 300
+
+
+def test_the_p95_interval_brackets_the_estimate_and_narrows_with_more_requests():
+    rng = np.random.default_rng(1)
+    small = p95_interval(rng.exponential(1.0, 100))
+    large = p95_interval(rng.exponential(1.0, 10_000))
+    assert small[1] <= small[0] <= small[2]
+    assert large[2] - large[1] < small[2] - small[1]
+    assert all(math.isnan(x) for x in p95_interval(np.zeros(0)))
