@@ -82,6 +82,7 @@ def bench_command(ns: argparse.Namespace) -> int:
         result = run_bench(scenario, ns.policy, **kwargs)
     else:
         from rich.console import Console
+        from rich.markup import escape
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         console = Console(stderr=True)
@@ -93,8 +94,11 @@ def bench_command(ns: argparse.Namespace) -> int:
             console=console,
             transient=True,
         ) as progress:
-            oracle_task = progress.add_task("oracle arms", total=None)
-            run_task = progress.add_task(f"{ns.policy} (sim s)", total=None, start=False)
+            arms = 1 + sum(d.max_k for d in scenario.drafters)
+            oracle_task = progress.add_task("oracle arms", total=arms)
+            run_task = progress.add_task(
+                f"{ns.policy} (sim s)", total=float(scenario.duration_s), start=False
+            )
 
             def on_oracle(arm: str, cached: bool, done: int, total: int) -> None:
                 progress.update(oracle_task, completed=done, total=total)
@@ -104,7 +108,8 @@ def bench_command(ns: argparse.Namespace) -> int:
                 progress.update(run_task, completed=now, total=end)
 
             def on_event(ev: Any) -> None:
-                progress.console.print(f"[dim]{ev.at_s:8.0f}s[/dim] {ev.reason}: {ev.message}")
+                line = escape(f"{ev.reason}: {ev.message}")
+                progress.console.print(f"[dim]{ev.at_s:8.0f}s[/dim] {line}", highlight=False)
 
             result = run_bench(
                 scenario,

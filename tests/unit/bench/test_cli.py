@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,11 +40,33 @@ def test_terminal_run_prints_a_summary_table(
     scenario_file: Path, capsys: pytest.CaptureFixture[str]
 ):
     code = command.main(
-        ["--scenario", str(scenario_file), "--policy", "static:off", "--window", "60"]
+        [
+            "--scenario",
+            str(scenario_file),
+            "--policy",
+            "static:off",
+            "--window",
+            "60",
+            "--jobs",
+            "1",
+        ]
     )
     out = capsys.readouterr().out
     assert code == 0
     assert "oracle arm" in out and "run efficiency" in out and "trials" in out
+
+
+def test_a_terminal_shows_progress_and_events_on_stderr(
+    scenario_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    code = command.main(
+        ["--scenario", str(scenario_file), "--policy", "oracle", "--window", "60", "--jobs", "1"]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "Promoted: eagle3/" in captured.err
+    assert "oracle arm" in captured.out
 
 
 @pytest.mark.parametrize("policy", ["nope", "static", "grid:eagle3/2", "static:eagle3/x"])
