@@ -4,11 +4,11 @@ and Clock (``control/ports.py``).
 The bench's runner builds one :class:`SimStage` over a :class:`~spectune.sim.Fleet` and
 hands the controller its three faces. The brain sees only what a cluster would show it:
 
-* :class:`SimActuator` puts the canary replicas (the last ``canary_replicas`` of the fleet)
-  on a trial arm with a restart, and promotes with a rolling update — one replica at a time,
-  each drained, restarted and serving before the next — so exploration costs what it costs
-  on a cluster. Stopping a canary returns its replicas to the incumbent at the next moment
-  time moves, unless a promotion in the same step already put the target on their arm.
+* :class:`SimActuator` starts the canary on extra replicas (the fleet's last
+  ``canary_replicas``, parked while no canary runs, as a canary Deployment's pods are extra
+  pods on a cluster) with a restart, and promotes with a rolling update of the target's
+  replicas — one at a time, each drained, restarted and serving before the next — so
+  exploration costs what it costs on a cluster. Stopping a canary drains and parks it.
   Scenario ``model_version`` events appear in ``Deployment.model_version``, ``route_mix``
   events in ``Deployment.routes`` (a fingerprint of the route shares).
 * :class:`SimGroupMetrics` scrapes every serving replica's ``/metrics`` text at the start
@@ -56,8 +56,11 @@ class SimStage:
 
     def __init__(self, fleet: Fleet, *, canary_replicas: int = 1, end_s: float) -> None:
         n = fleet.size
-        if not 1 <= canary_replicas <= n:
-            raise SpecError(f"canary replicas must be within 1..{n} (the fleet's replicas)")
+        if not 1 <= canary_replicas < n:
+            raise SpecError(
+                f"canary replicas must be within 1..{n - 1}: the fleet's last replicas are the "
+                "canary's slots (build it with replicas + canary_replicas, parked)"
+            )
         self.fleet = fleet
         self.end_s = end_s
         self.canary_idx = tuple(range(n - canary_replicas, n))
@@ -115,20 +118,16 @@ class SimStage:
         self.canary_failure = self._apply(arm, self.canary_idx)
 
     def stop_canary(self) -> None:
-        """End the canary; its replicas rejoin the target on the next move of time."""
+        """End the canary: its pods go away (drain, then park), as a deleted Deployment's."""
         if self.canary_arm is None:
             return
         self.canary_arm = None
         self.canary_failure = None
-        self._released.update(self.canary_idx)
+        self.fleet.park(self.canary_idx)
 
     def settle(self) -> None:
-        """Put released canary replicas back on the incumbent (unless they run it already)."""
-        if not self._released:
-            return
-        back = [i for i in sorted(self._released) if self._configured[i] != self.incumbent]
+        """Kept for the actuator's call order; canary slots park, they never rejoin."""
         self._released.clear()
-        self._apply(self.incumbent, back)
 
     # --- promotion ----------------------------------------------------------------------
 
@@ -146,11 +145,10 @@ class SimStage:
         self.promotion_failure = None
         self.incumbent = arm
         self.timeline.append((self.now, arm.name))
-        canary = set(self.canary_idx) if self.canary_arm is not None else set()
         self._queue = [
             i
             for i in range(self.fleet.size)
-            if i not in canary and i not in self._released and self._configured[i] != arm
+            if i not in self.canary_idx and self._configured[i] != arm
         ]
         self._current = None
         self._roll()

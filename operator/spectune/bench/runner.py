@@ -237,7 +237,13 @@ def run_bench(
     chosen_policy = make_policy(policy, request)
     if policy.startswith("static:"):
         scenario.check_arm(parse_arm(policy.partition(":")[2]))
-    fleet = Fleet(scenario, seed=seed)
+    base = scenario.fleet.replicas
+    fleet = Fleet(
+        scenario,
+        seed=seed,
+        replicas=base + canary_replicas,
+        parked=range(base, base + canary_replicas),
+    )
     stage = SimStage(fleet, canary_replicas=canary_replicas, end_s=duration)
     clock = VirtualClock(stage)
     events: list[Event] = []

@@ -252,6 +252,15 @@ class Controller:
             self.state = replace(self.state, trial_started_s=self.clock.now())
             await self.actuator.start_canary(d.arm)
             self._event("TrialStarted", f"{d.arm.name} on the canary: {d.reason}")
+        elif d.kind is DecisionKind.PROMOTE and d.arm is not None and not d.final:
+            # Promote a clear winner and keep searching against it.
+            if running is not None:
+                self._end_running(Outcome.MEASURED, "promoted; the search goes on")
+            await self.actuator.stop_canary()
+            if d.arm.name != dep.incumbent.name:
+                await self.actuator.promote(d.arm)
+                self.history = self.history.promoted(d.arm.name)
+                self._event("Promoted", f"{d.arm.name} (search continues): {d.reason}")
         elif d.kind is DecisionKind.PROMOTE and d.arm is not None:
             if running is not None:
                 self._end_running(Outcome.MEASURED, "search finished")

@@ -44,6 +44,7 @@ from spectune.core._intervals import (
     survival_intervals,
     wilson_interval,
 )
+from spectune.core._quantile import gamma_quantiles
 from spectune.core._speedup import (
     SpeedupTable,
     break_even_survival,
@@ -63,6 +64,7 @@ __all__ = [
     "expected_tokens",
     "expected_tokens_flat",
     "flat_survival",
+    "gamma_quantiles",
     "kv_pool_tokens",
     "mean_accepted_length",
     "predict_speedup",

@@ -49,6 +49,10 @@ MEASURED_FLOOR = 0.015
 MODEL_PRIOR = 0.06
 #: Added log-spread per draft position of extrapolation beyond measured acceptance.
 EXTRAPOLATION_STEP = 0.03
+#: Added log-spread per k between an arm and the measured arm its prediction is anchored to:
+#: the model's error in the ratio between neighbouring k is small (the same drafter, the
+#: same traffic), far smaller than its error in absolute terms.
+ANCHOR_STEP = 0.01
 #: ...and per k away from a measured k when the engine gives no per-position data.
 NO_POSITION_STEP = 0.06
 
@@ -103,12 +107,20 @@ class _Measured:
     passes: float = 0.0
     requests: float = 0.0
 
-    def add(self, can: WindowStats, inc: WindowStats, sign: float) -> None:
+    def add(
+        self,
+        can: WindowStats,
+        inc: WindowStats,
+        sign: float,
+        offset: tuple[float, float, float] = (0.0, 0.0, 0.0),
+    ) -> None:
+        """One paired window; ``offset`` = (loss, log tpot, spread) of its incumbent."""
+        off_loss, off_tpot, off_spread = offset
         o = _log(can.objective) - _log(inc.objective)
-        t = _log(can.tpot_mean) - _log(inc.tpot_mean)
+        t = _log(can.tpot_mean) - _log(inc.tpot_mean) + off_tpot
         if not math.isnan(o):
-            sp = max(_pair_spread(can, inc), MEASURED_FLOOR)
-            self.obj_logs.append(sign * o)
+            sp = math.hypot(max(_pair_spread(can, inc), MEASURED_FLOOR), off_spread)
+            self.obj_logs.append(sign * o + off_loss)
             self.obj_weights.append(1 / (sp * sp))
         if not math.isnan(t):
             self.tpot_logs.append(t)
@@ -213,19 +225,43 @@ def build_beliefs(
         if w.incumbent is not None and (not w.incumbent_arm or w.incumbent_arm == incumbent.name):
             inc_windows.append(w.incumbent)
             note_acceptance(incumbent.name, w.incumbent)
+    # A search may promote a clear winner and go on: trials then compare against different
+    # incumbents. Each promoted arm was measured against the one before, so every
+    # incumbent's offset to the current one follows by chaining those ratios.
+    offsets = _incumbent_offsets(epoch_trials, incumbent.name, sign)
     for t in epoch_trials:
         if t.outcome is Outcome.INFEASIBLE:
             b.excluded[t.arm] = f"could not start: {t.reason}"
         if t.outcome is Outcome.ABORTED:
             b.excluded[t.arm] = f"guardrail: {t.reason}"
+        offset = offsets.get(t.incumbent)
         for w in t.windows:
             if w.incumbent is not None:
-                inc_windows.append(w.incumbent)
+                if t.incumbent == incumbent.name:
+                    inc_windows.append(w.incumbent)
                 note_acceptance(t.incumbent, w.incumbent)
             if w.canary is not None:
                 note_acceptance(t.arm, w.canary)
-                if w.incumbent is not None and w.canary.requests > 0:
-                    measured[t.arm].add(w.canary, w.incumbent, sign)
+                if w.incumbent is not None and w.canary.requests > 0 and offset is not None:
+                    measured[t.arm].add(w.canary, w.incumbent, sign, offset)
+
+    # An earlier incumbent of this epoch is a measured arm too: its offset is its ratio.
+    for t in epoch_trials:
+        if t.incumbent == incumbent.name or t.incumbent not in offsets:
+            continue
+        if t.incumbent in measured and measured[t.incumbent].obj_logs:
+            continue
+        off_loss, off_tpot, off_spread = offsets[t.incumbent]
+        m = measured[t.incumbent]
+        m.obj_logs.append(off_loss)
+        m.obj_weights.append(1 / max(off_spread, MEASURED_FLOOR) ** 2)
+        m.tpot_logs.append(off_tpot)
+        for w in (x for tt in epoch_trials if tt.incumbent == t.incumbent for x in tt.windows):
+            if w.incumbent is not None:
+                m.requests += w.incumbent.requests
+                if w.incumbent.drafts > 0:
+                    m.tokens += w.incumbent.mean_accepted_length * w.incumbent.drafts
+                    m.passes += w.incumbent.drafts
 
     # The incumbent is the reference of every ratio.
     inc_tokens = sum(s.mean_accepted_length * s.drafts for s in inc_windows if s.drafts > 0)
@@ -286,16 +322,42 @@ def build_beliefs(
         if d.name not in cost_points and d.name in priors and tau_off is not None:
             cost_points[d.name] = {1: 1 + priors[d.name]}
 
-    # Objective-to-latency ratio per drafter (tails, queueing) from its measured arms.
-    phi: dict[str, list[float]] = defaultdict(list)
+    # Objective-to-latency ratio (tails, queueing) as a line in k per drafter, through its
+    # measured arms and, at k = 0, through 'off': a larger k widens the tail (requests that
+    # accept little pay for every drafted position), so a p95 optimum sits below the mean's.
+    shape_points: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    off_shape: float | None = 0.0 if incumbent.is_off else None
+    if incumbent.drafter is not None:
+        shape_points[incumbent.drafter].append((incumbent.k, 0.0))
     residuals: list[float] = []
     for name, m in measured.items():
         arm = _arm_of(name)
         loss, _ = m.loss
         if arm is None or math.isnan(loss) or math.isnan(m.tpot_ratio):
             continue
-        phi[arm.drafter or "off"].append(loss - sign * math.log(m.tpot_ratio))
-    all_phi = [x for xs in phi.values() for x in xs]
+        value = loss - sign * math.log(m.tpot_ratio)
+        if arm.drafter is None:
+            off_shape = value
+        else:
+            shape_points[arm.drafter].append((arm.k, value))
+    all_shapes = [v for pts in shape_points.values() for _, v in pts]
+
+    def shape_at(arm: Arm) -> float:
+        if arm.drafter is None:
+            if off_shape is not None:
+                return off_shape
+            return float(np.mean(all_shapes)) if all_shapes else 0.0
+        pts = list(shape_points.get(arm.drafter, ()))
+        if off_shape is not None:
+            pts.append((0, off_shape))
+        if not pts:
+            return float(np.mean(all_shapes)) if all_shapes else 0.0
+        ks = np.array([k for k, _ in pts], dtype=float)
+        vs = np.array([v for _, v in pts])
+        if len(set(ks.tolist())) < 2:
+            return float(np.mean(vs))
+        slope, intercept = np.polyfit(ks, vs, 1)
+        return float(intercept + slope * arm.k)
 
     def predict(arm: Arm) -> tuple[float, float, float, float]:
         """(loss, spread, tpot ratio, E) of an arm from the model."""
@@ -309,13 +371,7 @@ def build_beliefs(
                 return math.nan, math.inf, math.nan, math.nan
             e, steps = _expected(survival[d], arm.k)
             tau = tau_off * _interp_cost(cost_points[d], arm.k) / e
-        key = arm.drafter or "off"
-        shape = (
-            float(np.mean(phi[key]))
-            if phi.get(key)
-            else (float(np.mean(all_phi)) if all_phi else 0.0)
-        )
-        loss = sign * math.log(tau) + shape if tau > 0 else math.nan
+        loss = sign * math.log(tau) + shape_at(arm) if tau > 0 else math.nan
         spread = MODEL_PRIOR
         if residuals:
             spread = max(math.sqrt(float(np.mean(np.square(residuals)))), MEASURED_FLOOR)
@@ -336,6 +392,17 @@ def build_beliefs(
         if not math.isnan(p_loss):
             residuals.append(loss - p_loss)
 
+    # Measured arms per drafter, the incumbent among them, as anchors for their neighbours.
+    anchors: dict[str, list[tuple[Arm, float, float]]] = defaultdict(list)
+    if incumbent.drafter is not None and incumbent.schedule is None:
+        anchors[incumbent.drafter].append((incumbent, 0.0, MEASURED_FLOOR / 2))
+    for name, m in measured.items():
+        arm = _arm_of(name)
+        loss, spread = m.loss
+        usable = m.requests >= min_requests and not math.isnan(loss) and name not in b.excluded
+        if arm is not None and arm.drafter and arm.schedule is None and usable:
+            anchors[arm.drafter].append((arm, loss, spread))
+
     for arm in space.arms():
         if arm.name in b.excluded:
             continue
@@ -355,6 +422,23 @@ def build_beliefs(
                 )
                 continue
         loss, spread, tau, e = predict(arm)
+        if not math.isnan(loss) and anchors.get(arm.drafter or ""):
+            # The model predicts relative to the measured arms of the same drafter: its bias
+            # there (tails it cannot see, queueing) carries over to the neighbours. Each
+            # anchor gives one estimate; they are pooled by inverse variance.
+            estimates: list[tuple[float, float]] = []
+            for a_arm, a_loss, a_spread in anchors[arm.drafter or ""]:
+                a_model, _, _, _ = predict(a_arm)
+                if math.isnan(a_model):
+                    continue
+                step = ANCHOR_STEP + (NO_POSITION_STEP if not space.per_position else 0.0)
+                sp = a_spread + step * abs(arm.k - a_arm.k)
+                estimates.append((loss + a_loss - a_model, sp))
+            if estimates:
+                weights = np.array([1 / (sp * sp) for _, sp in estimates])
+                values = np.array([x for x, _ in estimates])
+                loss = float(np.sum(weights * values) / np.sum(weights))
+                spread = float(1 / math.sqrt(float(np.sum(weights))))
         if not math.isnan(loss):
             b.arms[arm.name] = ArmBelief(arm, loss, spread, False, 0, tau, e)
     if not space.per_position:
@@ -363,6 +447,38 @@ def build_beliefs(
             "rate and tried rather than trusted"
         )
     return b
+
+
+def _incumbent_offsets(
+    trials: Sequence[TrialRecord], current: str, sign: float
+) -> dict[str, tuple[float, float, float]]:
+    """(loss, log tpot, spread) of each incumbent of the epoch relative to ``current``.
+
+    Edges are the measured (canary, incumbent) pairs; the walk starts at ``current``.
+    """
+    edges: dict[tuple[str, str], _Measured] = defaultdict(_Measured)
+    for t in trials:
+        for w in t.windows:
+            if w.canary is not None and w.incumbent is not None and w.canary.requests > 0:
+                edges[(t.arm, t.incumbent)].add(w.canary, w.incumbent, sign)
+    offsets: dict[str, tuple[float, float, float]] = {current: (0.0, 0.0, 0.0)}
+    changed = True
+    while changed:
+        changed = False
+        for (arm, inc), m in edges.items():
+            loss, spread = m.loss
+            tpot = math.log(m.tpot_ratio) if m.tpot_ratio > 0 else math.nan
+            if math.isnan(loss) or math.isnan(tpot):
+                continue
+            if arm in offsets and inc not in offsets:
+                a_loss, a_tpot, a_spread = offsets[arm]
+                offsets[inc] = (a_loss - loss, a_tpot - tpot, math.hypot(a_spread, spread))
+                changed = True
+            elif inc in offsets and arm not in offsets:
+                i_loss, i_tpot, i_spread = offsets[inc]
+                offsets[arm] = (i_loss + loss, i_tpot + tpot, math.hypot(i_spread, spread))
+                changed = True
+    return offsets
 
 
 def _prior_costs(history: History) -> dict[str, float]:

@@ -12,9 +12,18 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from spectune.core import gamma_quantiles
 from spectune.metrics.observation import Histogram, Observation
 
-__all__ = ["Guardrails", "Metric", "Objective", "WindowStats", "quantile_interval", "window_stats"]
+__all__ = [
+    "Guardrails",
+    "Metric",
+    "Objective",
+    "WindowStats",
+    "fitted_quantile_interval",
+    "quantile_interval",
+    "window_stats",
+]
 
 
 class Metric(enum.Enum):
@@ -107,16 +116,36 @@ def quantile_interval(h: Histogram | None, q: float, z: float = 1.96) -> tuple[f
     return h.quantile(q), h.quantile(lo_q), h.quantile(hi_q)
 
 
+def fitted_quantile_interval(
+    h: Histogram | None, q: float, z: float = 1.96
+) -> tuple[float, float, float]:
+    """Like :func:`quantile_interval`, read from a gamma fitted to the histogram.
+
+    Latency buckets are too coarse for linear interpolation to tell arms apart (see
+    :mod:`spectune.core._quantile`); the fitted gamma keeps the exact mean and the bucket
+    shares. Falls back to interpolation with fewer than 20 observations.
+    """
+    if h is None or h.count < 20 or not h.mean > 0:
+        return quantile_interval(h, q, z)
+    n = h.count
+    half = z * math.sqrt(n * q * (1 - q))
+    lo_q = min(max((n * q - half) / n, 1e-6), 1 - 1e-6)
+    hi_q = min(max((n * q + half) / n, 1e-6), 1 - 1e-6)
+    est, low, high = gamma_quantiles(h.bounds, h.cumulative, h.mean, (q, lo_q, hi_q))
+    return est, low, high
+
+
 def _mean(h: Histogram | None) -> float:
     return h.mean if h is not None else math.nan
 
 
 def window_stats(obs: Observation, objective: Objective) -> WindowStats:
     """The figures of one group's observation, with the objective's value."""
-    tpot95, tpot_lo, tpot_hi = quantile_interval(obs.tpot, 0.95)
-    ttft95, ttft_lo, ttft_hi = quantile_interval(obs.ttft, 0.95)
+    tpot95, tpot_lo, tpot_hi = fitted_quantile_interval(obs.tpot, 0.95)
+    ttft95, ttft_lo, ttft_hi = fitted_quantile_interval(obs.ttft, 0.95)
+    # Queue time has a mass at zero that no gamma fits: read it as Prometheus does.
     queue95, queue_lo, queue_hi = quantile_interval(obs.queue, 0.95)
-    e2e95, e2e_lo, e2e_hi = quantile_interval(obs.e2e, 0.95)
+    e2e95, e2e_lo, e2e_hi = fitted_quantile_interval(obs.e2e, 0.95)
     window = obs.window_s or math.nan
     tokens_per_s = (obs.generation_tokens or 0.0) / window if obs.window_s else math.nan
     by_metric = {

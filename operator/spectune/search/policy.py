@@ -107,6 +107,8 @@ class Decision:
     end_running: Outcome | None = None
     """How to close the running trial before acting (None: leave it running)."""
     estimates: Mapping[str, Estimate] = field(default_factory=dict)
+    final: bool = True
+    """For PROMOTE: whether the search of this epoch is over (False: promote and go on)."""
 
 
 class Policy(Protocol):

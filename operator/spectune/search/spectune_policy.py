@@ -173,18 +173,13 @@ class SpectunePolicy:
                         "every smaller k",
                     )
 
-        # 2. The leader.
-        best = _leader(beliefs, measured_only=False)
+        # 2. The leader: the best measured arm (the incumbent counts as measured). Unmeasured
+        # arms only ever challenge it: nothing is promoted on a prediction alone.
+        best = _leader(beliefs, measured_only=True)
         if best is None:
             return decision(DecisionKind.PROMOTE, ctx.incumbent, "no candidate can be estimated")
         leader = best
         lb = beliefs.arms[leader.name]
-        if not lb.measured:
-            return decision(
-                DecisionKind.TRIAL,
-                leader,
-                f"predicted best: {_describe(lb, minimise, ctx)}; confirming on the canary",
-            )
 
         # 3. Stop when the leader is ε-best with probability 1 − δ.
         names = list(beliefs.arms)
@@ -208,6 +203,22 @@ class SpectunePolicy:
         # arm tried MAX_TRIALS_PER_ARM times is not restarted again.
         beats = np.mean(draws < draws[:, [li]] - tol, axis=0)
         beats[li] = -1.0
+        # 4a. A leader that beats the incumbent with confidence is promoted now, and the
+        # search goes on against it: users get the gain while the last doubts are settled.
+        if leader.name != ctx.incumbent.name:
+            ii = names.index(ctx.incumbent.name) if ctx.incumbent.name in names else -1
+            better = float(np.mean(draws[:, li] < draws[:, ii] - tol)) if ii >= 0 else 0.0
+            if better >= 1 - ctx.delta:
+                return Decision(
+                    DecisionKind.PROMOTE,
+                    leader,
+                    f"{leader.name} beats the incumbent {ctx.incumbent.name} with probability "
+                    f"{better:.2f} ({_describe(lb, minimise, ctx)}); promoting it while "
+                    "the search goes on",
+                    end,
+                    estimates,
+                    final=False,
+                )
         if running is not None and len(running.windows) < MAX_WINDOWS_PER_TRIAL:
             ri = names.index(running.arm) if running.arm in names else -1
             if ri >= 0 and (ri == li or beats[ri] >= ctx.delta):
@@ -222,20 +233,24 @@ class SpectunePolicy:
         for i, n in enumerate(names):
             if i != li and attempts.get(n, 0) >= MAX_TRIALS_PER_ARM:
                 beats[i] = -1.0
+            if n == ctx.incumbent.name:
+                beats[i] = -1.0  # the incumbent is measured all the time; no trial needed
         ci = int(np.argmax(beats))
         challenger = beliefs.arms[names[ci]].arm
-        if beats[ci] < ctx.delta or challenger.name == ctx.incumbent.name:
+        if beats[ci] < ctx.delta:
             return decision(
                 DecisionKind.PROMOTE,
                 leader,
-                f"no arm is likely to beat {leader.name} (P(within ε) = {p_ok:.2f})",
+                f"no arm is likely to beat {leader.name} by {ctx.epsilon:.0%} "
+                f"(P(within ε) = {p_ok:.2f})",
             )
+
         cb = beliefs.arms[challenger.name]
         return decision(
             DecisionKind.TRIAL,
             challenger,
-            f"{challenger.name} may beat {leader.name} (P = {beats[ci]:.2f}): "
-            f"{_describe(cb, minimise, ctx)}",
+            f"{challenger.name} may beat {leader.name} by {ctx.epsilon:.0%} "
+            f"(P = {beats[ci]:.2f}): {_describe(cb, minimise, ctx)}",
         )
 
 

@@ -61,6 +61,7 @@ class Phase(enum.Enum):
     DRAINING = "draining"  # takes no new requests, finishes what it holds, then restarts
     DOWN = "down"  # restarting; serves again at ``ready_at_s``
     FAILED = "failed"  # its arm cannot start; serves nothing until another arm is applied
+    PARKED = "parked"  # no pod: takes no traffic until an arm is applied (a canary slot)
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ class _Replica:
         "engine",
         "failure",
         "index",
+        "park_after",
         "phase",
         "physics",
         "rng",
@@ -169,6 +171,7 @@ class _Replica:
         self.down_until = 0.0
         self.drain_start = 0.0
         self.failure: str | None = None
+        self.park_after = False
 
 
 class Fleet:
@@ -193,6 +196,9 @@ class Fleet:
         The ``model_name`` label (default: the target's name).
     epoch_s:
         Unix time of simulated time 0, for the pages' ``_created`` samples.
+    parked:
+        Replicas that start with no pod (slots for canaries, as extra pods on a cluster);
+        :meth:`apply` starts them, :meth:`park` returns them.
     """
 
     def __init__(
@@ -206,6 +212,7 @@ class Fleet:
         stream: int = 0,
         model_name: str | None = None,
         epoch_s: float = 0.0,
+        parked: Sequence[int] = (),
     ) -> None:
         n = replicas if replicas is not None else scenario.fleet.replicas
         if n < 1:
@@ -244,7 +251,10 @@ class Fleet:
         self._applied: list[AppliedEvent] = []
         self._route_names = [r.name for r in scenario.routes]
         for r in self._replicas:
-            self._start(r, 0.0)
+            if r.index in parked:
+                r.phase = Phase.PARKED
+            else:
+                self._start(r, 0.0)
 
     # --- the ports ------------------------------------------------------------------
 
@@ -291,7 +301,11 @@ class Fleet:
             r.arm = arm
             r.physics = physics
             r.failure = None
-            if r.phase is Phase.SERVING:
+            r.park_after = False
+            if r.phase is Phase.PARKED:
+                r.phase = Phase.DOWN
+                r.down_until = self._now + restart
+            elif r.phase is Phase.SERVING:
                 r.phase = Phase.DRAINING
                 r.drain_start = self._now
                 self._check_drained(r)
@@ -300,6 +314,23 @@ class Fleet:
                 r.down_until = self._now + restart
         return ApplyResult(arm, chosen, physics.failure is None, physics.failure,
                            physics.num_gpu_blocks)  # fmt: skip
+
+    def park(self, replicas: Sequence[int]) -> None:
+        """Remove the pods of ``replicas``: serving ones drain first; none restarts."""
+        for i in dict.fromkeys(replicas):
+            if not 0 <= i < len(self._replicas):
+                raise SpecError(f"replica {i} does not exist; the fleet has {len(self._replicas)}")
+            r = self._replicas[i]
+            if r.phase is Phase.SERVING:
+                r.phase = Phase.DRAINING
+                r.drain_start = self._now
+                r.park_after = True
+                self._check_drained(r)
+            elif r.phase is Phase.DRAINING:
+                r.park_after = True
+            elif r.phase in (Phase.DOWN, Phase.FAILED):
+                r.engine = None
+                r.phase = Phase.PARKED
 
     def state(self, i: int) -> ReplicaState:
         """Replica ``i`` as an actuator sees it."""
@@ -328,6 +359,8 @@ class Fleet:
             why = (
                 f"failed to start: {r.failure}"
                 if r.phase is Phase.FAILED
+                else "parked (no pod)"
+                if r.phase is Phase.PARKED
                 else f"restarting until t={r.down_until:.1f}s"
             )
             raise SourceUnavailableError(f"replica {i} is not serving ({why})")
@@ -417,6 +450,10 @@ class Fleet:
         ended = max(r.drain_start, engine.last_finish)
         self._retired = _add(self._retired, engine)
         r.engine = None
+        if r.park_after:
+            r.phase = Phase.PARKED
+            r.park_after = False
+            return
         r.phase = Phase.DOWN
         r.down_until = ended + self.scenario.target.restart_s
 

@@ -18,8 +18,11 @@ from tests.unit.bench.conftest import tiny_scenario
 
 
 def stage_of(**changes: object) -> SimStage:
+    """A stage whose fleet has one parked slot for the canary, as the runner builds it."""
     scenario = tiny_scenario(**changes)
-    return SimStage(Fleet(scenario), end_s=float(scenario.duration_s))
+    n = scenario.fleet.replicas
+    fleet = Fleet(scenario, replicas=n + 1, parked=[n])
+    return SimStage(fleet, end_s=float(scenario.duration_s))
 
 
 def test_observations_are_built_from_parsed_pages_and_grouped_by_role(
@@ -50,19 +53,21 @@ def test_observations_are_built_from_parsed_pages_and_grouped_by_role(
     groups = asyncio.run(SimGroupMetrics(stage).observe(120))
     assert set(groups) == {Group.INCUMBENT, Group.CANARY}
     assert all(isinstance(o, Observation) for o in groups.values())
-    # Two scrapes (start, end) of each of the two serving replicas, each one parsed.
-    assert sorted(texts) == [0, 0, 1, 1]
-    assert sorted(parsed) == ["replica-0-0", "replica-0-0", "replica-1-1", "replica-1-1"]
+    # Two scrapes (start, end) of each serving replica — the target's two and the canary's
+    # extra one — each one parsed.
+    assert sorted(texts) == [0, 0, 1, 1, 2, 2]
+    assert sorted(parsed) == ["replica-0-0", "replica-0-0", "replica-1-0", "replica-1-0",
+                              "replica-2-1", "replica-2-1"]  # fmt: skip
     inc, can = groups[Group.INCUMBENT], groups[Group.CANARY]
-    assert inc.pods == ("replica-0-0",) and can.pods == ("replica-1-1",)
+    assert inc.pods == ("replica-0-0", "replica-1-0") and can.pods == ("replica-2-1",)
     assert inc.window_s == pytest.approx(120)
     # The incumbent runs off (no spec families); the canary drafts at k = 2.
     assert inc.spec is None
     assert can.spec is not None and can.spec.accepted_per_pos is not None
     assert len(can.spec.accepted_per_pos) == 2
     # The text path is faithful: the e2e histogram counts the requests each replica finished.
-    for replica, obs in ((0, inc), (1, can)):
-        finished = [r for r in stage.fleet.records(t0, stage.now) if r.replica == replica]
+    for replicas, obs in (((0, 1), inc), ((2,), can)):
+        finished = [r for r in stage.fleet.records(t0, stage.now) if r.replica in replicas]
         assert obs.e2e is not None
         assert obs.e2e.count == pytest.approx(len(finished), abs=2)
 
@@ -81,8 +86,9 @@ def test_a_canary_restarts_only_the_canary_replicas_and_reports_failures():
     stage = stage_of(drafters=[*tiny_scenario().model_dump()["drafters"], big])
     stage.start_canary(Arm("eagle3", 1))
     states = stage.fleet.states()
-    assert states[0].phase is Phase.SERVING
-    assert states[1].phase in (Phase.DRAINING, Phase.DOWN)
+    # The target's replicas keep serving; the canary is an extra pod, starting up.
+    assert states[0].phase is Phase.SERVING and states[1].phase is Phase.SERVING
+    assert states[2].phase is Phase.DOWN
     assert stage.trials == 1
     stage.stop_canary()
     stage.start_canary(Arm("huge", 1))
@@ -101,10 +107,11 @@ def test_promotion_rolls_one_replica_at_a_time_and_counts_one_trial():
     down_at_once = 0
     while stage.rolling:
         stage.advance_to(stage.now + 1.0)
-        states = stage.fleet.states()
+        states = stage.fleet.states()[:3]  # the target's replicas; the canary slot is parked
         down_at_once = max(down_at_once, sum(s.phase is not Phase.SERVING for s in states))
     assert down_at_once == 1
-    assert all(s.arm == Arm("eagle3", 3) for s in stage.fleet.states())
+    assert all(s.arm == Arm("eagle3", 3) for s in stage.fleet.states()[:3])
+    assert stage.fleet.states()[3].phase is Phase.PARKED
     assert stage.incumbent_at(stage.now) == "eagle3/3"
     assert stage.incumbent_at(9.0) == "off"
     # Promoting what runs changes nothing and costs nothing.
@@ -112,27 +119,30 @@ def test_promotion_rolls_one_replica_at_a_time_and_counts_one_trial():
     assert stage.trials == 1 and not stage.rolling
 
 
-def test_promoting_the_canary_arm_keeps_the_canary_replica_as_it_is():
+def test_promoting_the_canary_arm_rolls_the_target_and_removes_the_canary():
     stage = stage_of()
     stage.start_canary(Arm("eagle3", 2))
     stage.advance_to(60)
-    restarted = stage.pod(1)
     stage.stop_canary()
     stage.promote(Arm("eagle3", 2))
     while stage.rolling:
         stage.advance_to(stage.now + 5.0)
-    assert stage.pod(1) == restarted  # no second restart of the former canary
-    assert stage.pod(0) == "replica-0-1"
+    assert [stage.pod(i) for i in (0, 1)] == ["replica-0-1", "replica-1-1"]  # one restart each
+    assert [s.arm for s in stage.fleet.states()[:2]] == [Arm("eagle3", 2)] * 2
+    assert stage.fleet.states()[2].phase is Phase.PARKED
     assert stage.trials == 2  # the canary start and the promotion
 
 
-def test_a_stopped_canary_returns_to_the_incumbent():
+def test_a_stopped_canary_goes_away_and_the_target_is_untouched():
     stage = stage_of()
     stage.start_canary(Arm("ngram", 1))
     stage.advance_to(60)
     stage.stop_canary()
     stage.advance_to(120)
-    assert [s.arm for s in stage.fleet.states()] == [OFF, OFF]
+    states = stage.fleet.states()
+    assert [s.arm for s in states[:2]] == [OFF, OFF]
+    assert [stage.pod(i) for i in (0, 1)] == ["replica-0-0", "replica-1-0"]  # never restarted
+    assert states[2].phase is Phase.PARKED
     assert stage.trials == 1
 
 

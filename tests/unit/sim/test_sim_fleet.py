@@ -170,3 +170,24 @@ def test_initial_arm_and_per_replica_arms(make_scenario: Callable[..., Scenario]
     assert [s.arm.name for s in fleet.states()] == ["off", "ngram/4"]
     with pytest.raises(SpecError, match="2 replicas"):
         Fleet(scenario, arms=[Arm(None)])
+
+
+def test_a_parked_slot_serves_only_between_apply_and_park() -> None:
+    from pathlib import Path
+
+    from spectune.sim.scenario import load_scenario
+
+    scenario = load_scenario(Path(__file__).parents[3] / "examples/scenarios/chat-eagle3.yaml")
+    n = scenario.fleet.replicas
+    fleet = Fleet(scenario, replicas=n + 1, parked=[n])
+    fleet.advance(60)
+    assert fleet.state(n).phase is Phase.PARKED
+    assert all(r.replica < n for r in fleet.records())  # no traffic to a parked slot
+    fleet.apply(parse_arm("eagle3/3"), [n])
+    fleet.advance(60 + scenario.target.restart_s + 120)
+    assert fleet.state(n).phase is Phase.SERVING
+    assert any(r.replica == n and r.arm == "eagle3/3" for r in fleet.records())
+    fleet.park([n])
+    fleet.advance(fleet.now + 600)
+    assert fleet.state(n).phase is Phase.PARKED
+    assert fleet.state(0).arm == Arm(None)  # the target was never touched
