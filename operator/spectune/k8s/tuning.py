@@ -308,7 +308,7 @@ class TuningLoop:
             raise SourceUnavailableError(
                 f"cannot write the status of {self._ns}/{self._name}: HTTP {exc.status}"
             ) from None
-        self._status = SpecTuningStatus.model_validate(doc)
+        self._status = parse_status(doc)
         self._report(inputs.phase)
 
     def _report(self, phase: Phase) -> None:
@@ -557,6 +557,18 @@ class TuningLoop:
             return
         self._paused = False
         conditions = [_cond("Ready", True, "Tuning", "tuning runs")]
+        phase = api_phase(b.controller.state.phase)
+        if self._status.phase is not phase:
+            # Say where the loop stands before a step that may take a whole window.
+            await self._write(
+                StatusInputs(
+                    phase=phase,
+                    generation=gen,
+                    now=_now(),
+                    conditions=tuple(conditions),
+                    memory=self._memory(),
+                )
+            )
         try:
             await b.controller.step()
             self._failures = 0

@@ -191,7 +191,11 @@ def test_auto_mode_explores_promotes_and_cleans_up(
     status = env.status()
     promoted = status["history"]["history"]["promotions"][-1][1]
     wait_for(lambda: _arm_of(env.target_args()) == promoted, timeout=30, message="promotion")
-    assert status["applied"]["arm"] in (promoted, "off")
+    wait_for(
+        lambda: env.status()["applied"]["arm"] == promoted,
+        timeout=40,
+        message=lambda: f"status.applied = {promoted}; {why()}",
+    )
     assert status["recommendation"]["arm"]
     assert status["trials"] and all(t["outcome"] != "running" for t in status["trials"])
     assert {"TrialStarted", "Promoted"} <= env.reasons()
