@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
+
 from tests.fixtures.cluster import Cluster
 from tests.fixtures.prometheus import free_port
 

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from spectune.api.names import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from spectune.engines.args import parse_vllm_args
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.prometheus import Prometheus
 from tests.fixtures.simpods import SimPods
 from tests.integration.operator.conftest import OperatorProcess
-
-from spectune.api.names import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from spectune.engines.args import parse_vllm_args
 
 TARGET = "llama"
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"

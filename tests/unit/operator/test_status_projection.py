@@ -1,0 +1,130 @@
+"""What the SpecTuning status says after a step, and that the loop's memory survives a restart."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from spectune.api.status import ConditionStatus, Phase, SpecTuningStatus, parse_status
+from spectune.control.controller import ControllerState
+from spectune.control.controller import Phase as LoopPhase
+from spectune.k8s.projection import (
+    ConditionUpdate,
+    Memory,
+    StatusInputs,
+    acceptance_of,
+    build_status,
+    load_memory,
+    merge_conditions,
+    recommendation_of,
+)
+from spectune.search.arms import OFF, Arm
+from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
+from spectune.search.objective import WindowStats
+from spectune.search.policy import Decision, DecisionKind, Estimate
+
+NAN = math.nan
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def _stats(objective: float, *, k: int = 0, drafts: float = 0.0, per_pos=()) -> WindowStats:  # type: ignore[no-untyped-def]
+    return WindowStats(
+        objective=objective, objective_low=NAN, objective_high=NAN, requests=100,
+        tpot_mean=objective, tpot_p95=objective, ttft_p95=0.2, ttft_p95_low=NAN,
+        ttft_p95_high=NAN, queue_p95=0.0, queue_p95_low=NAN, queue_p95_high=NAN,
+        e2e_p95=NAN, tokens_per_s=NAN, running=4.0, pods=1, k=k, drafts=drafts,
+        accepted_per_pos=tuple(per_pos), mean_accepted_length=NAN if not drafts else 2.5,
+        num_gpu_blocks=None, preemptions=0.0,
+    )  # fmt: skip
+
+
+def _history() -> History:
+    w = WindowRecord(
+        100.0, 110.0, _stats(0.030), _stats(0.020, k=3, drafts=1000, per_pos=(800, 600, 400)), "off"
+    )
+    t = TrialRecord("eagle3/3", "off", 0, 100.0, Outcome.MEASURED, "next arm chosen", (w,))
+    running = TrialRecord("eagle3/2", "off", 0, 120.0)
+    return History().add_baseline(WindowRecord(80.0, 90.0, _stats(0.031))).add_trial(
+        t).add_trial(running)  # fmt: skip
+
+
+def test_memory_round_trips_through_the_status_json() -> None:
+    state = ControllerState(
+        phase=LoopPhase.EXPLORING, model_version="sha-1", reference_acceptance=NAN,
+        trial_started_s=120.0,
+    )  # fmt: skip
+    memory = Memory(_history(), state, original="off")
+    doc = build_status(
+        SpecTuningStatus(), StatusInputs(phase=Phase.EXPLORING, generation=2, now=T0,
+                                          memory=memory)
+    )  # fmt: skip
+    back = load_memory(parse_status(doc).history)
+    assert back.history == memory.history
+    assert back.original == "off"
+    assert back.state == replace(state, reference_acceptance=None)  # NaN is stored as null
+    assert load_memory(None) == Memory(History(), ControllerState())
+
+
+def test_trials_show_the_measured_values_and_the_running_one() -> None:
+    doc = build_status(
+        SpecTuningStatus(),
+        StatusInputs(phase=Phase.EXPLORING, generation=1, now=T0,
+                     memory=Memory(_history(), ControllerState())),
+    )  # fmt: skip
+    first, second = doc["trials"]
+    assert first["arm"] == "eagle3/3" and first["outcome"] == "measured"
+    assert first["canaryObjective"] == 0.020 and first["incumbentObjective"] == 0.030
+    assert first["windows"] == 1 and first["startedAt"].startswith("1970-01-01T00:01:40")
+    assert second["outcome"] == "running" and "canaryObjective" not in second
+
+
+def test_acceptance_from_per_position_counts() -> None:
+    acc = acceptance_of(_stats(0.02, k=3, drafts=1000, per_pos=(800, 600, 400)), 10.0)
+    assert acc is not None
+    assert acc.per_position == (0.8, 0.6, 0.4)
+    assert math.isclose(acc.rate, 0.6) and acc.window == "10s"
+    assert acceptance_of(_stats(0.03), 10.0) is None  # off: no drafts, no acceptance
+
+
+def test_recommendation_speedup_is_against_off() -> None:
+    est = {
+        "off": Estimate(1.0, 0.97, 1.03, True),
+        "eagle3/3": Estimate(0.66, 0.60, 0.70, True),
+        "eagle3/1": Estimate(0.80, 0.75, 0.85, False),
+    }
+    d = Decision(DecisionKind.PROMOTE, Arm("eagle3", 3), "eagle3/3 wins", estimates=est)
+    rec = recommendation_of(d, OFF, minimise=True)
+    assert rec is not None and rec.arm == "eagle3/3" and rec.k == 3
+    assert rec.expected_speedup is not None and math.isclose(rec.expected_speedup, 1 / 0.66)
+    assert rec.interval is not None
+    assert rec.interval.low < rec.expected_speedup < rec.interval.high
+    # While exploring, the recommendation is the best estimate so far, not the arm on trial.
+    trial = Decision(DecisionKind.TRIAL, Arm("eagle3", 1), "try k=1", estimates=est)
+    assert recommendation_of(trial, OFF, minimise=True).arm == "eagle3/3"  # type: ignore[union-attr]
+
+
+def test_conditions_keep_their_transition_time_until_the_status_changes() -> None:
+    ok = ConditionUpdate("MetricsAvailable", ConditionStatus.TRUE, "MetricsAnswer", "fine")
+    down = ConditionUpdate("MetricsAvailable", ConditionStatus.FALSE, "SourceUnavailable", "x")
+    first = merge_conditions((), [ok], T0, 1)
+    later = T0 + timedelta(minutes=5)
+    same = merge_conditions(first, [ok], later, 2)
+    assert same[0].last_transition_time == T0 and same[0].observed_generation == 2
+    moved = merge_conditions(same, [down], later, 2)
+    assert moved[0].last_transition_time == later and moved[0].reason == "SourceUnavailable"
+
+
+def test_a_step_without_news_keeps_the_previous_recommendation() -> None:
+    est = {"off": Estimate(1.0, 0.9, 1.1, True), "eagle3/3": Estimate(0.7, 0.6, 0.8, True)}
+    d = Decision(DecisionKind.PROMOTE, Arm("eagle3", 3), "done", estimates=est)
+    doc = build_status(
+        SpecTuningStatus(),
+        StatusInputs(phase=Phase.MONITORING, generation=1, now=T0, decision=d, applied=OFF,
+                     fingerprint="abc"),
+    )  # fmt: skip
+    again = build_status(
+        parse_status(doc), StatusInputs(phase=Phase.MONITORING, generation=1, now=T0)
+    )
+    assert again["recommendation"] == doc["recommendation"]
+    assert again["applied"] == {"drafter": "off", "k": 0, "arm": "off", "fingerprint": "abc"}
