@@ -18,7 +18,13 @@ from spectune.control.ports import Actuator, Clock, Deployment, Group, GroupMetr
 from spectune.core import wilson_interval
 from spectune.search.arms import Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
-from spectune.search.objective import Objective, WindowStats, window_stats
+from spectune.search.objective import (
+    SMALL_BATCH_CHANGE,
+    Objective,
+    WindowStats,
+    same_load,
+    window_stats,
+)
 from spectune.search.policy import Decision, DecisionKind, Policy, SearchSpace, TuningContext
 
 __all__ = ["Controller", "ControllerConfig", "ControllerState", "Event", "Phase"]
@@ -221,9 +227,37 @@ class Controller:
                     dep.incumbent.name,
                 )
                 self.history = self.history.update_last(running.with_window(w))
+                if await self._load_moved(w):
+                    return
         decision = self.policy.decide(self._context(dep.incumbent), self.history)
         self.last_decision = decision
         await self._act(decision, dep)
+
+    async def _load_moved(self, w: WindowRecord) -> bool:
+        """While exploring: re-open the search if the offered load moved since the epoch began.
+
+        Draft costs depend on the batch size, so evidence from another load misleads; a new
+        epoch keeps nothing of it but what is load-independent. The load is the whole
+        service's finished requests per second: a canary is an extra pod that takes its own
+        share, so one pod's batch would move with every trial even at constant traffic.
+        Small batches on both sides count as the same load (memory-bound steps).
+        """
+        windows = [b for b in self.history.baseline_windows() if b.incumbent]
+        windows += [x for t in self.history.in_epoch() for x in t.windows if x.incumbent]
+        windows.sort(key=lambda x: x.start_s)
+        if len(windows) < 3 or w.incumbent is None:
+            return False
+        first, previous = windows[0], windows[-2]
+        before, now = _service_rate(first), _service_rate(w)
+        # Sustained: this window and the one before both moved the same way (completions
+        # are bursty under saturation; one window is not a new load).
+        moves = [_moved(first, x, self.config.load_shift) for x in (previous, w)]
+        if not moves[0] or moves[0] != moves[1]:
+            return False
+        await self._retune(
+            f"offered load moved from {before:.2f} to {now:.2f} requests/s while exploring"
+        )
+        return True
 
     def _end_running(self, outcome: Outcome, reason: str) -> None:
         running = self._running()
@@ -326,9 +360,8 @@ class Controller:
                 self.state = replace(self.state, phase=Phase.MONITORING)
         # Load: a sustained change of the batch size moves the optimum (DESIGN.md §1.4).
         ref_b = st.reference_running
-        if ref_b and ref_b > 0 and inc.running > 0 and not math.isnan(inc.running):
-            ratio = inc.running / ref_b
-            if ratio > cfg.load_shift or ratio < 1 / cfg.load_shift:
+        if ref_b is not None and not math.isnan(inc.running):
+            if not same_load(ref_b, inc.running, cfg.load_shift):
                 since = st.shift_since_s if st.shift_since_s is not None else w.start_s
                 self.state = replace(self.state, shift_since_s=since)
                 if now - since >= 2 * cfg.window_s:
@@ -349,6 +382,30 @@ class Controller:
         if not self.history.promotions:
             return None
         return parse_arm(self.history.promotions[-1][1])
+
+
+def _moved(first: WindowRecord, w: WindowRecord, factor: float) -> int:
+    """+1 or −1 when ``w``'s offered load is above or below ``first``'s beyond ``factor``.
+
+    Small batches on both sides count as the same load (memory-bound steps).
+    """
+    if first.incumbent is None or w.incumbent is None:
+        return 0
+    if max(first.incumbent.running, w.incumbent.running) < SMALL_BATCH_CHANGE:
+        return 0
+    a, b = _service_rate(first), _service_rate(w)
+    if math.isnan(a) or math.isnan(b) or min(a, b) <= 0 or same_load(a, b, factor):
+        return 0
+    return 1 if b > a else -1
+
+
+def _service_rate(w: WindowRecord) -> float:
+    """Finished requests per second over the window, incumbent and canary together."""
+    span = w.end_s - w.start_s
+    if span <= 0:
+        return math.nan
+    total = sum(s.requests for s in (w.incumbent, w.canary) if s is not None)
+    return total / span
 
 
 def _first_position(s: WindowStats) -> float:

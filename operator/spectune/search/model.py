@@ -37,7 +37,7 @@ import numpy as np
 
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
-from spectune.search.objective import WindowStats
+from spectune.search.objective import WindowStats, same_load
 from spectune.search.policy import SearchSpace
 
 __all__ = ["ArmBelief", "Beliefs", "build_beliefs"]
@@ -45,6 +45,9 @@ __all__ = ["ArmBelief", "Beliefs", "build_beliefs"]
 #: Floor of a measured arm's log-spread: two windows of the same arm on the same traffic
 #: differ by about this much even when the quantile intervals are tight.
 MEASURED_FLOOR = 0.015
+#: Batch sizes within this factor of each other share draft costs across epochs (the
+#: controller's default load-shift trigger is the same factor).
+SIMILAR_LOAD = 1.6
 #: Model error before any arm can test it (log units, ≈ 6 %).
 MODEL_PRIOR = 0.06
 #: Added log-spread per draft position of extrapolation beyond measured acceptance.
@@ -481,12 +484,28 @@ def _incumbent_offsets(
     return offsets
 
 
+def _epoch_batch(history: History, epoch: int) -> float:
+    """Median running batch per pod of the incumbent over an epoch's windows (NaN if none)."""
+    values = [w.incumbent.running for w in history.baseline_windows(epoch) if w.incumbent]
+    values += [
+        w.incumbent.running for t in history.in_epoch(epoch) for w in t.windows if w.incumbent
+    ]
+    values = [v for v in values if not math.isnan(v)]
+    return float(np.median(values)) if values else math.nan
+
+
 def _prior_costs(history: History) -> dict[str, float]:
-    """Draft costs c_d measured in earlier epochs (costs outlive model and route changes)."""
+    """Draft costs c_d measured in earlier epochs at a similar load.
+
+    Costs outlive model and route changes (they are properties of the drafter and the
+    hardware), but not load changes: verification over ``b(k+1)`` tokens costs more once
+    the batch passes the compute knee, so an epoch at another batch size is not used.
+    """
     out: dict[str, float] = {}
+    now_b = _epoch_batch(history, history.epoch)
     for epoch in range(history.epoch):
         trials = history.in_epoch(epoch)
-        if not trials:
+        if not trials or not same_load(_epoch_batch(history, epoch), now_b, SIMILAR_LOAD):
             continue
         inc = _arm_of(trials[0].incumbent)
         if inc is None:

@@ -22,6 +22,7 @@ __all__ = [
     "WindowStats",
     "fitted_quantile_interval",
     "quantile_interval",
+    "same_load",
     "window_stats",
 ]
 
@@ -100,6 +101,24 @@ class WindowStats:
     preemptions: float
 
 
+#: Batches closer than this many requests cost the same per step (memory-bound), whatever
+#: their ratio: 1 → 2 running requests is noise at low load, not a load shift.
+SMALL_BATCH_CHANGE = 4.0
+
+
+def same_load(a: float, b: float, factor: float) -> bool:
+    """Whether two running batch sizes per pod are the same load for tuning purposes.
+
+    Draft costs depend on the batch (verification over ``b(k+1)`` tokens), so the controller
+    re-opens a search and the model drops old costs when the load moved: by more than
+    ``factor`` and by at least :data:`SMALL_BATCH_CHANGE` requests. Unknown (NaN) is same.
+    """
+    if math.isnan(a) or math.isnan(b) or abs(a - b) < SMALL_BATCH_CHANGE:
+        return True
+    lo, hi = sorted((max(a, 1e-9), max(b, 1e-9)))
+    return hi / lo <= factor
+
+
 def quantile_interval(h: Histogram | None, q: float, z: float = 1.96) -> tuple[float, float, float]:
     """A quantile and a distribution-free interval from the ranks of its order statistics.
 
@@ -137,6 +156,21 @@ def fitted_quantile_interval(
 
 def _mean(h: Histogram | None) -> float:
     return h.mean if h is not None else math.nan
+
+
+def _mean_running(obs: Observation) -> float:
+    """Time-averaged running requests per pod over the window, by Little's law.
+
+    The ``num_requests_running`` gauge is one instant; under a ramp or a burst it swings
+    by an order of magnitude between scrapes. The time the window's requests spent
+    running (end-to-end minus queue time, from the histograms' sums) divided by the window
+    is the average batch the pods carried. Falls back to the gauge.
+    """
+    if obs.e2e is not None and obs.window_s and obs.pods:
+        busy = obs.e2e.sum - (obs.queue.sum if obs.queue is not None else 0.0)
+        if obs.e2e.count > 0 and busy >= 0:
+            return busy / obs.window_s / len(obs.pods)
+    return obs.running if obs.running is not None else math.nan
 
 
 def window_stats(obs: Observation, objective: Objective) -> WindowStats:
@@ -186,7 +220,7 @@ def window_stats(obs: Observation, objective: Objective) -> WindowStats:
         queue_p95_high=queue_hi,
         e2e_p95=e2e95,
         tokens_per_s=tokens_per_s,
-        running=obs.running if obs.running is not None else math.nan,
+        running=_mean_running(obs),
         pods=len(obs.pods),
         k=len(per_pos),
         drafts=drafts,

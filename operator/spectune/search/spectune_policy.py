@@ -15,8 +15,9 @@ measured so far. Then:
 3. **Stop.** With posterior samples, the probability that the leader is within ε of the
    best arm; at :math:`\ge 1-\delta` the leader is promoted (a measured leader never loses
    to the incumbent in expectation, since the incumbent is the reference at 0).
-4. **Challenger.** Otherwise the arm most likely to beat the leader by more than ε is tried
-   next — the top-two Thompson rule (Russo 2016), which spends trials on the arms that can
+4. **Challenger.** Otherwise, among the arms that beat the leader by more than ε with
+   probability at least δ, the one with the largest expected improvement is tried next —
+   a top-two rule in the spirit of Russo (2016), which spends trials on the arms that can
    still change the answer instead of on every arm (UCB1/ε-greedy have no model and must
    visit arms to learn them; BanditSpec, Hou et al. 2025, is UCB-style over a small set).
    An arm whose chance of beating the leader by ε is below δ is not worth a restart, so
@@ -56,6 +57,10 @@ __all__ = ["SpectunePolicy", "guardrail_breach"]
 MAX_WINDOWS_PER_TRIAL = 3
 #: An arm already tried this often in an epoch is not restarted again as a challenger.
 MAX_TRIALS_PER_ARM = 2
+#: Prior log-spread of a drafter never measured: speculation moves per-token latency from
+#: about 0.4× to 1.5× of no speculation across published workloads (reference/anchors.md),
+#: a log range of about ±0.7, so ±2σ covers it at 0.35.
+UNEXPLORED_SPREAD = 0.35
 #: Posterior samples for the stopping rule and the challenger.
 SAMPLES = 4000
 #: Seconds added to a tolerance so that a p95 near zero (no queueing) cannot "regress" on
@@ -162,15 +167,16 @@ class SpectunePolicy:
         # 1. Evidence the model needs before it can predict.
         if beliefs.needs_off and OFF.name not in tried and OFF.name not in beliefs.excluded:
             return decision(DecisionKind.TRIAL, OFF, "measuring off to learn what drafting costs")
+        # A drafter whose acceptance was never seen enters the race at its largest k (one
+        # trial there predicts every smaller k) with a wide prior centred on the incumbent:
+        # it is tried when nothing the model can see is more promising, and it keeps the
+        # search from stopping until it has been ruled in or out.
         for d in ctx.space.drafters:
             if d.name in beliefs.unexplored_drafters and d.name not in bad_drafters:
                 arm = Arm(d.name, d.max_k)
-                if arm.name not in tried:
-                    return decision(
-                        DecisionKind.TRIAL,
-                        arm,
-                        f"measuring {d.name}'s acceptance at k = {d.max_k}, which predicts "
-                        "every smaller k",
+                if arm.name not in tried and arm.name not in beliefs.excluded:
+                    beliefs.arms[arm.name] = ArmBelief(
+                        arm, 0.0, UNEXPLORED_SPREAD, False, 0, math.nan, math.nan
                     )
 
         # 2. The leader: the best measured arm (the incumbent counts as measured). Unmeasured
@@ -198,9 +204,7 @@ class SpectunePolicy:
                 f"{p_ok:.2f}: {_describe(lb, minimise, ctx)}",
             )
 
-        # 4. The challenger most likely to beat the leader by more than ε. An arm on the
-        # canary right now is extended by a window (no restart) if it is in the race; an
-        # arm tried MAX_TRIALS_PER_ARM times is not restarted again.
+        # 4. The challenger (below); an arm tried MAX_TRIALS_PER_ARM times is not restarted.
         beats = np.mean(draws < draws[:, [li]] - tol, axis=0)
         beats[li] = -1.0
         # 4a. A leader that beats the incumbent with confidence is promoted now, and the
@@ -219,24 +223,31 @@ class SpectunePolicy:
                     estimates,
                     final=False,
                 )
-        if running is not None and len(running.windows) < MAX_WINDOWS_PER_TRIAL:
-            ri = names.index(running.arm) if running.arm in names else -1
-            if ri >= 0 and (ri == li or beats[ri] >= ctx.delta):
-                return Decision(
-                    DecisionKind.TRIAL,
-                    parse_arm(running.arm),
-                    f"{running.arm} is still in the race (P(within ε) = {p_ok:.2f}); "
-                    "measuring another window",
-                    None,
-                    estimates,
-                )
         for i, n in enumerate(names):
             if i != li and attempts.get(n, 0) >= MAX_TRIALS_PER_ARM:
                 beats[i] = -1.0
             if n == ctx.incumbent.name:
                 beats[i] = -1.0  # the incumbent is measured all the time; no trial needed
-        ci = int(np.argmax(beats))
+        # Among arms that beat the leader by ε with probability at least δ, the one with
+        # the largest expected improvement: a drafter never seen (wide prior) outranks a
+        # small, likely refinement of k, which the next epoch of evidence can still make.
+        gain = np.mean(np.maximum(draws[:, [li]] - draws - tol, 0.0), axis=0)
+        gain[beats < ctx.delta] = -1.0
+        ci = int(np.argmax(gain)) if np.max(gain) >= 0 else int(np.argmax(beats))
         challenger = beliefs.arms[names[ci]].arm
+        # The arm on the canary is extended by a window (no restart) when it is still the
+        # leader or the challenger: its own figures, not its drafter's, are in question.
+        extend = running is not None and len(running.windows) < MAX_WINDOWS_PER_TRIAL
+        in_race = running is not None and running.arm in (leader.name, challenger.name)
+        if extend and in_race and running is not None and beats[ci] >= ctx.delta:
+            return Decision(
+                DecisionKind.TRIAL,
+                parse_arm(running.arm),
+                f"{running.arm} is still in the race (P(within ε) = {p_ok:.2f}); "
+                "measuring another window",
+                None,
+                estimates,
+            )
         if beats[ci] < ctx.delta:
             return decision(
                 DecisionKind.PROMOTE,

@@ -141,7 +141,10 @@ def test_baseline_trials_promotion_then_monitoring() -> None:
     for t in c.history.in_epoch():
         assert t.outcome is Outcome.MEASURED and t.windows
         assert t.windows[0].start_s >= t.started_s + fleet.restart_s
-    assert [e.reason for e in events if e.reason == "Promoted"] == ["Promoted"]
+    promoted = [e for e in events if e.reason == "Promoted"]
+    # A clear winner may be promoted early while the search goes on; the last is final.
+    assert promoted and all("search continues" in e.message for e in promoted[:-1])
+    assert "search continues" not in promoted[-1].message
     assert len(fleet.starts) <= 6
 
 

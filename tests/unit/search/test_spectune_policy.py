@@ -85,7 +85,12 @@ def run_policy(
             history = history.update_last(epoch[-1].ended(d.end_running, d.reason))
         if d.kind is DecisionKind.PROMOTE:
             assert d.arm is not None
-            return d.arm, history, len(history.in_epoch())
+            if d.final:
+                return d.arm, history, len(history.in_epoch())
+            # Promoted while the search goes on: the arm becomes the incumbent.
+            incumbent = d.arm
+            history = history.promoted(d.arm.name)
+            continue
         assert d.kind is DecisionKind.TRIAL and d.arm is not None
         epoch = history.in_epoch()
         running = epoch[-1] if epoch and epoch[-1].outcome is Outcome.RUNNING else None
