@@ -305,6 +305,7 @@ def _register_optional(sub: Any) -> None:
         "spectune.sim.command",
         "spectune.bench.command",
         "spectune.run",
+        "spectune.demo",
     ):
         try:
             command = importlib.import_module(module)

@@ -63,6 +63,7 @@ from spectune.control.controller import Phase as LoopPhase
 from spectune.errors import SpecError
 from spectune.search.arms import parse_arm
 from spectune.search.objective import Guardrails, Metric, Objective
+from spectune.search.policy import Policy, SearchSpace
 from spectune.sim.fleet import Fleet
 from spectune.sim.scenario import Scenario
 
@@ -186,6 +187,44 @@ def _best(
     return best_arm, best_value
 
 
+def sim_controller(
+    scenario: Scenario,
+    policy: Policy,
+    space: SearchSpace,
+    *,
+    seed: int,
+    window_s: float = 300.0,
+    canary_replicas: int = 1,
+    controller_config: ControllerConfig | None = None,
+    on_event: Callable[[Event], None] | None = None,
+) -> tuple[Controller, SimStage, VirtualClock]:
+    """The tuning loop over a simulated fleet: the bench's and the demo's shared set-up.
+
+    The fleet has the scenario's replicas plus ``canary_replicas`` parked slots, so a canary
+    is an extra pod as on a cluster.
+    """
+    base = scenario.fleet.replicas
+    fleet = Fleet(
+        scenario,
+        seed=seed,
+        replicas=base + canary_replicas,
+        parked=range(base, base + canary_replicas),
+    )
+    stage = SimStage(fleet, canary_replicas=canary_replicas, end_s=float(scenario.duration_s))
+    clock = VirtualClock(stage)
+    controller = Controller(
+        policy=policy,
+        actuator=SimActuator(stage),
+        metrics=SimGroupMetrics(stage),
+        clock=clock,
+        space=space,
+        objective=bench_objective(scenario),
+        config=replace(controller_config or ControllerConfig(), window_s=window_s, seed=seed),
+        on_event=on_event,
+    )
+    return controller, stage, clock
+
+
 def run_bench(
     scenario: Scenario,
     policy: str,
@@ -237,32 +276,24 @@ def run_bench(
     chosen_policy = make_policy(policy, request)
     if policy.startswith("static:"):
         scenario.check_arm(parse_arm(policy.partition(":")[2]))
-    base = scenario.fleet.replicas
-    fleet = Fleet(
-        scenario,
-        seed=seed,
-        replicas=base + canary_replicas,
-        parked=range(base, base + canary_replicas),
-    )
-    stage = SimStage(fleet, canary_replicas=canary_replicas, end_s=duration)
-    clock = VirtualClock(stage)
-    events: list[Event] = []
 
     def on_event(ev: Event) -> None:
         events.append(ev)
         if hooks.on_event is not None:
             hooks.on_event(ev)
 
-    controller = Controller(
-        policy=chosen_policy,
-        actuator=SimActuator(stage),
-        metrics=SimGroupMetrics(stage),
-        clock=clock,
-        space=oracle.space,
-        objective=objective,
-        config=replace(controller_config or ControllerConfig(), window_s=window_s, seed=seed),
+    events: list[Event] = []
+    controller, stage, clock = sim_controller(
+        scenario,
+        chosen_policy,
+        oracle.space,
+        seed=seed,
+        window_s=window_s,
+        canary_replicas=canary_replicas,
+        controller_config=controller_config,
         on_event=on_event,
     )
+    fleet = stage.fleet
     continuous = bool(getattr(chosen_policy, "continuous", False))
 
     async def drive() -> None:

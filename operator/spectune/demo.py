@@ -1,0 +1,189 @@
+"""``spectune demo``: the tuning brain against a simulated fleet, in virtual time, on screen.
+
+The README's first command. It runs exactly what the operator runs (the controller and
+the spectune policy over the Actuator/GroupMetrics/Clock ports) against the simulator body,
+shows the search live (phase, the arm on the canary, measured against predicted), then the
+decision trail, the final setting and its gain over the initial setting and over ``off``,
+and writes the report plots for the chosen drafter. No cluster, no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = ["demo_command", "register"]
+
+DEFAULT_SCENARIO = "chat-eagle3.yaml"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``spectune demo`` (imports stay inside the command: start-up cost matters)."""
+    p = subparsers.add_parser(
+        "demo", help="tune a simulated vLLM fleet in virtual time and show every decision"
+    )
+    p.add_argument("--scenario", help=f"scenario file (default: the bundled {DEFAULT_SCENARIO})")
+    p.add_argument("--seed", type=int, help="seed (default: the scenario's)")
+    p.add_argument("--window", type=float, default=300.0, help="window seconds (default 300)")
+    p.add_argument(
+        "--out", default="spectune-demo", help="report directory (default ./spectune-demo)"
+    )
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=demo_command)
+
+
+def _scenario_path(given: str | None) -> Path:
+    if given:
+        return Path(given)
+    return Path(str(resources.files("spectune") / "examples" / "scenarios" / DEFAULT_SCENARIO))
+
+
+def demo_command(ns: argparse.Namespace) -> int:
+    """Run the demo; return the exit code."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    from spectune.bench.oracle import Oracle, search_space
+    from spectune.bench.runner import sim_controller
+    from spectune.bench.scoring import RequestTable, metric_value, phase_spans
+    from spectune.control.controller import Event
+    from spectune.search.arms import OFF
+    from spectune.search.spectune_policy import SpectunePolicy
+    from spectune.sim.scenario import load_scenario
+
+    console = Console(stderr=ns.json)
+    scenario = load_scenario(_scenario_path(ns.scenario))
+    seed = scenario.seed if ns.seed is None else ns.seed
+    duration = float(scenario.duration_s)
+    space = search_space(scenario)
+    events: list[Event] = []
+    controller, stage, clock = sim_controller(
+        scenario, SpectunePolicy(), space, seed=seed, window_s=ns.window, on_event=events.append
+    )
+    metric = controller.objective.metric
+
+    def table() -> Table:
+        t = Table(title=f"spectune demo — {scenario.name} ({metric.value})", title_justify="left")
+        for col in ("t (sim s)", "phase", "target", "canary", "last decision"):
+            t.add_column(col)
+        dep_canary = stage.canary_arm.name if stage.canary_arm else "—"
+        d = controller.last_decision
+        why = d.reason if d is not None else "measuring the baseline"
+        t.add_row(
+            f"{clock.now():.0f}/{duration:.0f}",
+            controller.state.phase.value,
+            stage.incumbent.name,
+            dep_canary,
+            why[:110],
+        )
+        for ev in events[-6:]:
+            t.add_row(f"{ev.at_s:.0f}", ev.reason, "", "", ev.message[:110])
+        return t
+
+    async def drive(live: Live | None) -> None:
+        while clock.now() < duration:
+            await controller.step()
+            if live is not None:
+                live.update(table())
+
+    if console.is_terminal and not ns.json:
+        with Live(table(), console=console, refresh_per_second=8) as live:
+            asyncio.run(drive(live))
+    else:
+        asyncio.run(drive(None))
+
+    # What the choice is worth: static runs of each arm on the same simulated traffic, over
+    # the last phase (after the scenario's last event), from the simulated requests.
+    start = phase_spans(scenario)[-1][0]
+    oracle = Oracle(scenario, seed)
+    final, initial = stage.incumbent, scenario.initial_arm
+
+    def value(arm_name: str) -> float:
+        run = oracle.run(arm_name)
+        if run.failure is not None:
+            return math.nan
+        return metric_value(run.requests, metric, start, duration)
+
+    values = {name: value(name) for name in dict.fromkeys((final.name, initial.name, OFF.name))}
+    run_value = metric_value(
+        RequestTable.from_records(stage.fleet.records(start, duration)), metric, start, duration
+    )
+
+    def gain(over: str) -> float:
+        a, b = values[final.name], values[over]
+        return b / a if metric.minimise else a / b
+
+    outcome: dict[str, Any] = {
+        "scenario": scenario.name,
+        "seed": seed,
+        "objective": metric.value,
+        "final_arm": final.name,
+        "initial_arm": initial.name,
+        "trials": stage.trials,
+        "phase": controller.state.phase.value,
+        "values": {k: _round(v) for k, v in values.items()},
+        "gain_over_initial": _round(gain(initial.name)),
+        "gain_over_off": _round(gain(OFF.name)),
+        "this_run_last_phase_value": _round(run_value),
+        "decisions": [
+            {"at_s": round(e.at_s), "reason": e.reason, "message": e.message} for e in events
+        ],
+    }
+    report = _write_plots(scenario, seed, final, Path(ns.out)) if final.drafter else []
+    outcome["report"] = [str(p) for p in report]
+    if ns.json:
+        print(json.dumps(outcome))
+        return 0
+    trail = Table(title="Decision trail", title_justify="left")
+    for col in ("t (sim s)", "event", "why"):
+        trail.add_column(col)
+    for e in events:
+        trail.add_row(f"{e.at_s:.0f}", e.reason, e.message)
+    console.print(trail)
+    unit = "s" if metric.minimise else ""
+    console.print(
+        f"[bold]Final setting: {final.name}[/bold] after {stage.trials} configuration changes. "
+        f"{metric.value} over the last phase (static runs on the same traffic): "
+        + ", ".join(f"{k} {v:.4g}{unit}" for k, v in values.items())
+        + f". Gain: {outcome['gain_over_initial']:.2f}× over the initial {initial.name}, "
+        f"{outcome['gain_over_off']:.2f}× over off."
+    )
+    if report:
+        console.print(f"Report for {final.drafter}: {report[-1]}")
+    return 0
+
+
+def _round(x: float) -> float | None:
+    return None if math.isnan(x) else round(x, 6)
+
+
+def _write_plots(scenario: Any, seed: int, arm: Any, out: Path) -> list[Path]:
+    """Diagnose the chosen drafter against off on the same traffic and write the report.
+
+    The drafter runs at its largest k, so the per-position curve and the predicted speedup
+    cover every k it may use (per-token means; the search itself ranks by the objective).
+    """
+    from spectune.diagnose import diagnose
+    from spectune.metrics import observation_from_pages, parse_page
+    from spectune.report import write_report
+    from spectune.search.arms import OFF
+    from spectune.sim.fleet import Fleet
+
+    def observe(a: Any) -> Any:
+        fleet = Fleet(scenario, seed=seed, arms=a)
+        fleet.advance(300.0)
+        before = [parse_page(fleet.metrics_text(i), f"pod-{i}") for i in range(fleet.size)]
+        fleet.advance(900.0)
+        after = [parse_page(fleet.metrics_text(i), f"pod-{i}") for i in range(fleet.size)]
+        return observation_from_pages(before, after, 600.0)
+
+    from spectune.search.arms import Arm
+
+    widest = Arm(arm.drafter, next(d.max_k for d in scenario.drafters if d.name == arm.drafter))
+    return write_report(diagnose(observe(widest), observe(OFF)), out)
