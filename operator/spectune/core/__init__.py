@@ -33,6 +33,7 @@ One window of vLLM counters, measured at :math:`K = 5` with a drafter whose step
 
 from spectune.core._acceptance import (
     acceptance_rate,
+    flat_rate_for_length,
     flat_survival,
     mean_accepted_length,
     survival_from_counts,
@@ -63,6 +64,7 @@ __all__ = [
     "draft_cost_from_tpot",
     "expected_tokens",
     "expected_tokens_flat",
+    "flat_rate_for_length",
     "flat_survival",
     "gamma_quantiles",
     "kv_pool_tokens",

@@ -255,3 +255,29 @@ def flat_survival(a: float, k: int) -> npt.NDArray[np.float64]:
     if k < 0:
         raise InputError(f"draft length k must be >= 0, got {k!r}")
     return np.power(float(a), np.arange(1, k + 1, dtype=np.float64))
+
+
+def flat_rate_for_length(mean_length: float, k: int) -> float:
+    r"""The flat per-token rate :math:`a` whose :math:`1 + a + \dots + a^k` equals a mean length.
+
+    For engines that report only the mean accepted length (SGLang's gauge, vLLM V0's
+    emitted tokens), this is the curve :math:`P(L \ge i) = a^i` that reproduces it at the
+    running ``k``: a model, and callers say so. The length is clipped to ``[1, k + 1]``.
+
+    Examples
+    --------
+    >>> round(flat_rate_for_length(2.533, 3), 3)
+    0.7
+    """
+    if k < 1:
+        raise InputError(f"k must be at least 1, got {k}")
+    target = min(max(mean_length, 1.0), k + 1.0)
+    lo, hi = 0.0, 1.0
+    powers = np.arange(k + 1)
+    for _ in range(60):  # bisection: E(a) is increasing in a
+        mid = (lo + hi) / 2
+        if float(np.sum(mid**powers)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2

@@ -24,6 +24,7 @@ from spectune.core import (
     break_even_survival,
     draft_cost_from_tpot,
     expected_tokens,
+    flat_rate_for_length,
     flat_survival,
     mean_accepted_length,
     predict_speedup,
@@ -231,19 +232,6 @@ def _interval(ci: ConfidenceInterval | None) -> dict[str, float | None] | None:
 # -- acceptance ---------------------------------------------------------------------------
 
 
-def _fit_flat_rate(mean_length: float, k: int) -> float:
-    """Per-token rate ``a`` whose ``1 + a + … + a^k`` equals the mean accepted length."""
-    target = min(max(mean_length, 1.0), k + 1.0)
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if float(np.sum(mid ** np.arange(k + 1))) < target:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
 def _current_k(obs: Observation, given: int | None) -> tuple[int, str]:
     """The draft length the pods run, and how it was found."""
     if given is not None:
@@ -323,7 +311,7 @@ def _acceptance(obs: Observation, k: int, conf: float) -> tuple[AcceptanceSummar
             "no speculative-decoding metrics on these pages: speculation is off on these pods "
             "(pass such pages as --baseline-before/--baseline-after instead)"
         )
-    a = _fit_flat_rate(length, k)
+    a = flat_rate_for_length(length, k)
     notes.append(
         f"{obs.dialect.value} exports no per-position acceptance; the curve is modelled as a "
         f"flat per-token rate a = {a:.3f} fitted to the mean accepted length {length:.2f} "

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from spectune.core import flat_rate_for_length
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.objective import WindowStats, same_load
@@ -159,18 +160,6 @@ def _survival(windows: Iterable[WindowStats]) -> np.ndarray:
     return np.array([acc[i] / drafts[i] if drafts[i] > 0 else 0.0 for i in range(k)])
 
 
-def _flat_from_length(length: float, k: int) -> float:
-    target = min(max(length, 1.0), k + 1.0)
-    lo, hi = 0.0, 1.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        if float(np.sum(mid ** np.arange(k + 1))) < target:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
 def _expected(survival: np.ndarray, k: int) -> tuple[float, int]:
     """E(k) from a survival curve, extrapolating past its end; and how far it extrapolated."""
     if k <= len(survival):
@@ -283,7 +272,7 @@ def build_beliefs(
             # No per-position data (SGLang): a flat per-token rate fitted to the length.
             best = max(windows, key=lambda s: s.k or 0)
             k = best.k or max(1, round(best.mean_accepted_length))
-            a = _flat_from_length(best.mean_accepted_length, k)
+            a = flat_rate_for_length(best.mean_accepted_length, k)
             curve = a ** np.arange(1, k + 1)
         if len(curve) == 0:
             b.unexplored_drafters.append(d.name)
