@@ -1,0 +1,110 @@
+"""The alert and recording rules: promtool checks them and runs their unit tests.
+
+``deploy/alerts/spectune-rules.yaml`` is the one source; the chart's PrometheusRule embeds a
+byte-identical copy. promtool comes with Debian's prometheus package (hack/test.sh installs
+it); a missing promtool FAILS these tests.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+RULES = REPO / "deploy" / "alerts" / "spectune-rules.yaml"
+RULE_TESTS = REPO / "deploy" / "alerts" / "spectune-rules.test.yaml"
+CHART_RULES = REPO / "charts" / "spectune" / "files" / "spectune-rules.yaml"
+RUNBOOKS = REPO / "docs" / "runbooks.md"
+ALERTS = {
+    "SpecTuneAcceptanceDrift",
+    "SpecTuneSpeculationRegressed",
+    "SpecTuneMetricsSourceDown",
+    "SpecTuneTuningStuck",
+}
+
+
+def _promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail(
+            "promtool not found: install Debian's prometheus package (hack/test.sh does)",
+            pytrace=False,
+        )
+    return path
+
+
+def _promtool_run(*args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [_promtool(), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, f"promtool {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _rules() -> list[dict[str, object]]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def test_promtool_check_rules() -> None:
+    out = _promtool_run("check", "rules", str(RULES), str(CHART_RULES)).stdout
+    assert "SUCCESS" in out
+
+
+def test_promtool_unit_tests_pass() -> None:
+    out = _promtool_run("test", "rules", str(RULE_TESTS))
+    assert "SUCCESS" in out.stdout + out.stderr
+
+
+def test_every_alert_is_tested_firing_and_silent() -> None:
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    fired: set[str] = set()
+    silent: set[str] = set()
+    for case in tests:
+        for check in case.get("alert_rule_test", []):
+            (fired if check.get("exp_alerts") else silent).add(check["alertname"])
+    assert fired == ALERTS, f"alerts never tested firing: {ALERTS - fired}"
+    assert silent == ALERTS, f"alerts never tested silent: {ALERTS - silent}"
+
+
+def test_every_alert_has_summary_description_and_a_runbook_anchor() -> None:
+    alerts = [r for r in _rules() if "alert" in r]
+    assert {str(r["alert"]) for r in alerts} == ALERTS
+    runbooks = RUNBOOKS.read_text()
+    # GitHub's anchors: lower-cased heading text, spaces to dashes, punctuation dropped
+    anchors = {
+        re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.+)$", runbooks, flags=re.M)
+    }
+    for rule in alerts:
+        ann = rule["annotations"]
+        assert isinstance(ann, dict)
+        assert ann.get("summary") and ann.get("description"), rule["alert"]
+        assert "$value" in ann["description"] or "$labels" in ann["description"]
+        url = str(ann["runbook_url"])
+        assert url.split("#")[0].endswith("docs/runbooks.md"), url
+        assert url.split("#")[1] in anchors, f"{rule['alert']}: no heading for {url} in docs"
+        assert rule["labels"]["severity"] in {"info", "warning", "critical"}  # type: ignore[index]
+
+
+def test_every_recording_rule_is_tested() -> None:
+    """Each recorded series is evaluated by a promql_expr_test."""
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    exprs = " ".join(
+        check["expr"] for case in tests for check in case.get("promql_expr_test", [])
+    )
+    for rule in _rules():
+        if "record" in rule:
+            assert str(rule["record"]) in exprs, f"recording rule {rule['record']} untested"
+
+
+def test_chart_embeds_the_same_rules() -> None:
+    assert CHART_RULES.read_bytes() == RULES.read_bytes(), (
+        "charts/spectune/files/spectune-rules.yaml differs from deploy/alerts/spectune-rules.yaml;"
+        " copy it: cp deploy/alerts/spectune-rules.yaml charts/spectune/files/"
+    )
