@@ -95,9 +95,7 @@ def test_every_alert_has_summary_description_and_a_runbook_anchor() -> None:
 def test_every_recording_rule_is_tested() -> None:
     """Each recorded series is evaluated by a promql_expr_test."""
     tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
-    exprs = " ".join(
-        check["expr"] for case in tests for check in case.get("promql_expr_test", [])
-    )
+    exprs = " ".join(check["expr"] for case in tests for check in case.get("promql_expr_test", []))
     for rule in _rules():
         if "record" in rule:
             assert str(rule["record"]) in exprs, f"recording rule {rule['record']} untested"
