@@ -13,7 +13,7 @@ Spec fields the brain has no setting for yet are not mapped: ``search.minDrafts`
 
 from __future__ import annotations
 
-from spectune.api.spec import DriftAction, Engine, ObjectiveMetric, SpecTuningSpec
+from spectune.api.spec import DriftAction, Engine, ObjectiveMetric, Schedule, SpecTuningSpec
 from spectune.control.controller import ControllerConfig
 from spectune.control.controller import DriftAction as LoopDriftAction
 from spectune.durations import parse_duration
@@ -45,7 +45,10 @@ def to_search_space(spec: SpecTuningSpec, engine: Engine | None = None) -> Searc
     chosen = spec.engine or engine or Engine.VLLM
     drafters = tuple(DrafterSpec(d.name, d.method.value, d.max_k) for d in spec.drafters)
     return SearchSpace(
-        drafters=drafters, allow_off=spec.allow_off, per_position=chosen is Engine.VLLM
+        drafters=drafters,
+        allow_off=spec.allow_off,
+        per_position=chosen is Engine.VLLM,
+        schedules=chosen is Engine.VLLM and spec.search.schedule is Schedule.AUTO,
     )
 
 

@@ -60,6 +60,7 @@ def search_space(scenario: Scenario) -> SearchSpace:
         drafters=tuple(DrafterSpec(d.name, d.method, d.max_k) for d in scenario.drafters),
         allow_off=True,
         per_position=scenario.engine == "vllm",
+        schedules=scenario.engine == "vllm",
     )
 
 

@@ -360,7 +360,9 @@ class Controller:
                 self.state = replace(self.state, phase=Phase.MONITORING)
         # Load: a sustained change of the batch size moves the optimum (DESIGN.md §1.4).
         ref_b = st.reference_running
-        if ref_b is not None and not math.isnan(inc.running):
+        # A per-batch-size table adapts k inside the engine: a load move needs no re-tune.
+        scheduled = dep.incumbent.schedule is not None
+        if ref_b is not None and not math.isnan(inc.running) and not scheduled:
             if not same_load(ref_b, inc.running, cfg.load_shift):
                 since = st.shift_since_s if st.shift_since_s is not None else w.start_s
                 self.state = replace(self.state, shift_since_s=since)

@@ -40,6 +40,7 @@ from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.objective import WindowStats, same_load
 from spectune.search.policy import SearchSpace
+from spectune.search.schedule import epoch_batch
 
 __all__ = ["ArmBelief", "Beliefs", "build_beliefs"]
 
@@ -473,16 +474,6 @@ def _incumbent_offsets(
     return offsets
 
 
-def _epoch_batch(history: History, epoch: int) -> float:
-    """Median running batch per pod of the incumbent over an epoch's windows (NaN if none)."""
-    values = [w.incumbent.running for w in history.baseline_windows(epoch) if w.incumbent]
-    values += [
-        w.incumbent.running for t in history.in_epoch(epoch) for w in t.windows if w.incumbent
-    ]
-    values = [v for v in values if not math.isnan(v)]
-    return float(np.median(values)) if values else math.nan
-
-
 def _prior_costs(history: History) -> dict[str, float]:
     """Draft costs c_d measured in earlier epochs at a similar load.
 
@@ -491,10 +482,10 @@ def _prior_costs(history: History) -> dict[str, float]:
     the batch passes the compute knee, so an epoch at another batch size is not used.
     """
     out: dict[str, float] = {}
-    now_b = _epoch_batch(history, history.epoch)
+    now_b = epoch_batch(history, history.epoch)
     for epoch in range(history.epoch):
         trials = history.in_epoch(epoch)
-        if not trials or not same_load(_epoch_batch(history, epoch), now_b, SIMILAR_LOAD):
+        if not trials or not same_load(epoch_batch(history, epoch), now_b, SIMILAR_LOAD):
             continue
         inc = _arm_of(trials[0].incumbent)
         if inc is None:

@@ -45,6 +45,8 @@ class SearchSpace:
     allow_off: bool = True
     per_position: bool = True
     """Whether the engine exports per-position acceptance (vLLM yes, SGLang no)."""
+    schedules: bool = False
+    """Whether a per-batch-size draft-length table may be promoted (vLLM Dynamic SD)."""
 
     def arms(self) -> list[Arm]:
         """Every static arm, ``off`` first."""

@@ -50,6 +50,7 @@ from spectune.search.history import History, Outcome, TrialRecord
 from spectune.search.model import ArmBelief, Beliefs, build_beliefs
 from spectune.search.objective import Guardrails, WindowStats
 from spectune.search.policy import Decision, DecisionKind, Estimate, TuningContext
+from spectune.search.schedule import epoch_batch, learned_schedule
 
 __all__ = ["SpectunePolicy", "guardrail_breach"]
 
@@ -61,6 +62,9 @@ MAX_TRIALS_PER_ARM = 2
 #: about 0.4× to 1.5× of no speculation across published workloads (reference/anchors.md),
 #: a log range of about ±0.7, so ±2σ covers it at 0.35.
 UNEXPLORED_SPREAD = 0.35
+#: Loads within this factor are one regime when learning a per-batch-size table (the
+#: controller's default load-shift factor).
+LOAD_FACTOR = 1.6
 #: Posterior samples for the stopping rule and the challenger.
 SAMPLES = 4000
 #: Seconds added to a tolerance so that a p95 near zero (no queueing) cannot "regress" on
@@ -199,7 +203,7 @@ class SpectunePolicy:
         if p_ok >= 1 - ctx.delta:
             return decision(
                 DecisionKind.PROMOTE,
-                leader,
+                _with_schedule(ctx, history, leader),
                 f"{leader.name} is within {ctx.epsilon:.0%} of the best with probability "
                 f"{p_ok:.2f}: {_describe(lb, minimise, ctx)}",
             )
@@ -251,7 +255,7 @@ class SpectunePolicy:
         if beats[ci] < ctx.delta:
             return decision(
                 DecisionKind.PROMOTE,
-                leader,
+                _with_schedule(ctx, history, leader),
                 f"no arm is likely to beat {leader.name} by {ctx.epsilon:.0%} "
                 f"(P(within ε) = {p_ok:.2f})",
             )
@@ -263,6 +267,14 @@ class SpectunePolicy:
             f"{challenger.name} may beat {leader.name} by {ctx.epsilon:.0%} "
             f"(P = {beats[ci]:.2f}): {_describe(cb, minimise, ctx)}",
         )
+
+
+def _with_schedule(ctx: TuningContext, history: History, leader: Arm) -> Arm:
+    """The leader, or a per-batch-size table for its drafter learned over earlier loads."""
+    if not ctx.space.schedules:
+        return leader
+    table = learned_schedule(history, leader, epoch_batch(history, history.epoch), LOAD_FACTOR)
+    return table if table is not None else leader
 
 
 def _leader(b: Beliefs, measured_only: bool) -> Arm | None:

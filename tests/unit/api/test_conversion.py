@@ -33,6 +33,7 @@ def test_search_space_of_the_main_example() -> None:
         drafters=(DrafterSpec("eagle3", "eagle3", 8), DrafterSpec("ngram", "ngram", 8)),
         allow_off=True,
         per_position=True,
+        schedules=True,  # vLLM with search.schedule: auto (the default)
     )
     arms = space.arms()
     assert arms[0] == OFF and len(arms) == 1 + 8 + 8
