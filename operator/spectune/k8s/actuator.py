@@ -8,6 +8,7 @@ event loop never blocks. Conflicts (409) are retried with a fresh read.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -31,7 +32,7 @@ from spectune.k8s.deployments import (
 from spectune.k8s.rollout import Readiness, classify_rollout
 from spectune.search.arms import Arm, parse_arm
 
-__all__ = ["KubeActuator", "TargetMissingError"]
+__all__ = ["ForbiddenError", "KubeActuator", "TargetMissingError", "api_error"]
 
 T = TypeVar("T")
 Obj = dict[str, Any]
@@ -39,6 +40,15 @@ Obj = dict[str, Any]
 
 class TargetMissingError(SourceUnavailableError):
     """The target Deployment does not exist (temporary: it may come back)."""
+
+
+class ForbiddenError(SpecError):
+    """The API server refused a call for lack of permission (HTTP 403).
+
+    The message names the verb and the resource, as the API server said them. Not a fault of
+    the spec and not temporary either: the tuning loop says so in a condition and an event and
+    looks again now and then, since someone may fix the RBAC.
+    """
 
 
 class KubeActuator:
@@ -95,7 +105,7 @@ class KubeActuator:
                 raise TargetMissingError(
                     f"Deployment {self._ns}/{self._target} not found; waiting for it to exist"
                 ) from None
-            raise _api_error(exc, f"read Deployment {self._ns}/{self._target}") from None
+            raise api_error(exc, f"read Deployment {self._ns}/{self._target}") from None
         return self._plain(obj)
 
     async def _canaries(self) -> list[Obj]:
@@ -105,7 +115,7 @@ class KubeActuator:
                 self._apps.list_namespaced_deployment, self._ns, label_selector=selector
             )
         except ApiException as exc:
-            raise _api_error(exc, "list canary Deployments") from None
+            raise api_error(exc, "list canary Deployments") from None
         return [self._plain(d) for d in res.items]
 
     async def _pods(self, deployment: Obj) -> list[Obj]:
@@ -116,7 +126,7 @@ class KubeActuator:
                 self._core.list_namespaced_pod, self._ns, label_selector=selector
             )
         except ApiException as exc:
-            raise _api_error(exc, "list pods") from None
+            raise api_error(exc, "list pods") from None
         pods = [self._plain(p) for p in res.items]
         if LABEL_ROLE not in match:
             # The target's selector also matches canary pods; judge only the target's own.
@@ -162,7 +172,7 @@ class KubeActuator:
             await self._call(self._apps.create_namespaced_deployment, self._ns, body)
         except ApiException as exc:
             if exc.status != 409:  # already there from before a restart: fine
-                raise _api_error(
+                raise api_error(
                     exc, f"create canary Deployment {body['metadata']['name']}"
                 ) from None
 
@@ -178,7 +188,7 @@ class KubeActuator:
                 )
             except ApiException as exc:
                 if exc.status != 404:
-                    raise _api_error(exc, f"delete canary {c['metadata']['name']}") from None
+                    raise api_error(exc, f"delete canary {c['metadata']['name']}") from None
 
     async def adopt(self, target: Obj) -> None:
         """Record the target's current speculative setting as the applied one.
@@ -191,7 +201,7 @@ class KubeActuator:
         try:
             await self._call(self._apps.patch_namespaced_deployment, self._target, self._ns, patch)
         except ApiException as exc:
-            raise _api_error(exc, f"annotate Deployment {self._ns}/{self._target}") from None
+            raise api_error(exc, f"annotate Deployment {self._ns}/{self._target}") from None
 
     async def promote(self, arm: Arm) -> None:
         """Roll the target onto ``arm`` (strategic merge patch; retried on conflict)."""
@@ -207,14 +217,31 @@ class KubeActuator:
             except ApiException as exc:
                 if exc.status == 409:
                     continue  # someone else wrote in between: read again and re-apply
-                raise _api_error(exc, f"patch Deployment {self._ns}/{self._target}") from None
+                raise api_error(exc, f"patch Deployment {self._ns}/{self._target}") from None
         raise SourceUnavailableError(f"Deployment {self._target} kept changing; will retry")
 
 
-def _api_error(exc: ApiException, what: str) -> Exception:
+def api_error(exc: ApiException, what: str) -> Exception:
+    """The project error for a failed API call: :class:`ForbiddenError` for a 403 (naming the
+    missing permission), else :class:`SourceUnavailableError` (temporary)."""
     if exc.status == 403:
-        return SpecError(
-            f"forbidden to {what}: the operator's RBAC lacks this permission ({exc.reason}); "
-            "apply the RBAC manifest of this release"
+        return ForbiddenError(
+            f"forbidden to {what}: {_server_message(exc)}; the operator's RBAC lacks this "
+            "permission: apply the RBAC manifest of this release (deploy/rbac.yaml)"
         )
     return SourceUnavailableError(f"cannot {what}: HTTP {exc.status} {exc.reason}")
+
+
+def _server_message(exc: ApiException) -> str:
+    """The API server's own words (they name the verb, resource and group), else the reason."""
+    body = exc.body
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    if isinstance(body, str):
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and isinstance(doc.get("message"), str):
+            return str(doc["message"])
+    return str(exc.reason or "Forbidden")

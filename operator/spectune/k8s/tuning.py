@@ -29,6 +29,7 @@ matches) pauses tuning with a condition and an event; nothing is overwritten. De
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import math
@@ -56,7 +57,7 @@ from spectune.control.groups import PairedSources
 from spectune.control.ports import Deployment, Group
 from spectune.diagnose import diagnose
 from spectune.errors import NoDataError, SourceUnavailableError, SpecError, SpecTuneError
-from spectune.k8s.actuator import KubeActuator
+from spectune.k8s.actuator import ForbiddenError, KubeActuator, api_error
 from spectune.k8s.deployments import (
     ANNOTATION_FINGERPRINT,
     DrafterArgs,
@@ -104,6 +105,8 @@ EventSink = Callable[[str, str, str], None]
 """``(type, reason, message)``: posts a Kubernetes Event on the SpecTuning."""
 
 _WARNINGS = frozenset({"TrialAborted", "TrialInfeasible", "AcceptanceDrift", "HumanEdit"})
+_FORBIDDEN_RETRY_S = 5.0
+"""Seconds (at least ``SPECTUNE_POLL_SECONDS``) before a forbidden call is tried again."""
 
 
 class WallClock:
@@ -138,24 +141,41 @@ class _RecordingMetrics:
         return out
 
 
-class _TrackingActuator:
-    """The KubeActuator, remembering what it last saw (the canary's pods' selector needs it)."""
+class _SpecChangedError(SpecTuneError):
+    """The spec changed (e.g. ``suspend: true``) while a step was under way: do not act on it."""
 
-    def __init__(self, inner: KubeActuator) -> None:
+
+class _TrackingActuator:
+    """The KubeActuator, remembering what it last saw (the canary's pods' selector needs it).
+
+    ``stale`` says whether the live spec moved on since this actuator was built: a step
+    takes a whole window, and a canary started or a promotion made after the user asked for
+    ``suspend: true`` (or any other spec change) would act on a spec that no longer holds.
+    Removing canaries is always allowed.
+    """
+
+    def __init__(self, inner: KubeActuator, stale: Callable[[], bool] = lambda: False) -> None:
         self.inner = inner
         self.last: Deployment | None = None
+        self._stale = stale
+
+    def _check(self, what: str) -> None:
+        if self._stale():
+            raise _SpecChangedError(f"the spec changed during the step; not doing: {what}")
 
     async def deployment(self) -> Deployment:
         self.last = await self.inner.deployment()
         return self.last
 
     async def start_canary(self, arm: Arm) -> None:
+        self._check(f"start a canary on {arm.name}")
         await self.inner.start_canary(arm)
 
     async def stop_canary(self) -> None:
         await self.inner.stop_canary()
 
     async def promote(self, arm: Arm) -> None:
+        self._check(f"promote {arm.name}")
         await self.inner.promote(arm)
 
 
@@ -274,6 +294,7 @@ class TuningLoop:
         self._failures = 0
         self._paused = False
         self._canary_sources: dict[str, PrometheusSource] = {}
+        self._denied: str | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -305,9 +326,7 @@ class TuningLoop:
         except ApiException as exc:
             if exc.status == 404:
                 return  # deleted meanwhile
-            raise SourceUnavailableError(
-                f"cannot write the status of {self._ns}/{self._name}: HTTP {exc.status}"
-            ) from None
+            raise api_error(exc, f"write the status of {self._ns}/{self._name}") from None
         self._status = parse_status(doc)
         self._report(inputs.phase)
 
@@ -348,7 +367,38 @@ class TuningLoop:
             await self.turn()
 
     async def turn(self) -> None:
-        """One turn (see the module docstring)."""
+        """One turn (see the module docstring).
+
+        A call the operator's RBAC does not allow (HTTP 403) is reported in the condition
+        ``Ready=False, reason=Forbidden`` and a Warning event naming the permission; the loop
+        looks again after a pause (the process never exits over it).
+        """
+        try:
+            await self._turn()
+        except ForbiddenError as exc:
+            await self._forbidden(str(exc))
+        else:
+            self._denied = None
+
+    async def _forbidden(self, message: str) -> None:
+        if self._denied != message:
+            self._denied = message
+            self._emit("Warning", "Forbidden", message)
+        log.warning("%s/%s: %s", self._ns, self._name, message)
+        # When even the status cannot be written, the event and the log say it.
+        with contextlib.suppress(ForbiddenError):
+            await self._write(
+                StatusInputs(
+                    phase=self._status.phase or Phase.BASELINE,
+                    generation=self._generation,
+                    now=_now(),
+                    memory=self._memory(),
+                    conditions=(_cond("Ready", False, "Forbidden", message),),
+                )
+            )
+        await self._clock.sleep(max(self._settings.poll_s, _FORBIDDEN_RETRY_S))
+
+    async def _turn(self) -> None:
         gen = self._generation
         try:
             spec = parse_spec(self._body["spec"])
@@ -366,6 +416,8 @@ class TuningLoop:
             return
         try:
             await self._auto(spec)
+        except ForbiddenError:
+            raise
         except SpecError as exc:  # e.g. the target runs a drafter the spec does not list
             self._built = None
             await self._invalid(str(exc), gen)
@@ -388,7 +440,7 @@ class TuningLoop:
                 self._custom.list_namespaced_custom_object, GROUP, VERSION, self._ns, PLURAL
             )
         except ApiException as exc:
-            raise SourceUnavailableError(f"cannot list SpecTunings: HTTP {exc.status}") from None
+            raise api_error(exc, "list SpecTunings") from None
         same = []
         items: list[Obj] = res.get("items", []) if isinstance(res, dict) else []
         for item in items:
@@ -471,7 +523,8 @@ class TuningLoop:
             drafters,
             spec.search.canary_replicas,
         )
-        actuator = _TrackingActuator(kube)
+        built_for = self._generation
+        actuator = _TrackingActuator(kube, lambda: self._generation != built_for)
         prom = spec.metrics.prometheus
         assert prom is not None  # check_supported
         url = s.prometheus_url or str(prom.url)
@@ -582,6 +635,9 @@ class TuningLoop:
             )
         except MetricsOutageError as exc:
             conditions.append(await self._outage(b, str(exc)))
+        except _SpecChangedError as exc:
+            log.info("%s/%s: %s", self._ns, self._name, exc)
+            return  # the next turn reads the new spec (suspend, mode, search ...)
         c = b.controller
         dep = b.actuator.last
         applied = dep.incumbent if dep is not None else None

@@ -1,0 +1,475 @@
+"""The fault matrix of issue [G] on the operator (issue [E]): what a user sees when things fail.
+
+Each test runs ``spectune run`` as the RBAC manifest's ServiceAccount (or, for the RBAC fault,
+a copy of it with one verb removed) against the real API server, the real Prometheus and
+simulated vLLM pods (``tests/fixtures/simpods.py``), injects one fault, and asserts only what
+``kubectl`` shows: the SpecTuning's phase, conditions, trials and events, and the
+Deployments. Windows are 10 s of wall time on a simulator running 30x faster.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from spectune.api.names import KIND
+from tests.fixtures.cluster import Cluster, wait_for
+from tests.fixtures.prometheus import Prometheus
+from tests.fixtures.simpods import DEFAULT_SCENARIO, SimPods
+from tests.integration.operator.conftest import RBAC, OperatorProcess
+from tests.integration.operator.helpers import (
+    MODEL,
+    Env,
+    diagnostics,
+    spectuning,
+)
+
+WINDOW_S = 10.0
+
+
+def _mid_trial(env: Env, why: Callable[[], str], windows: int = 0) -> dict[str, Any]:
+    """Wait for a running trial with its canary up (and ``windows`` windows measured)."""
+
+    def running() -> dict[str, Any] | None:
+        t = env.running_trial()
+        if t is None or t.get("windows", 0) < windows or len(env.canaries()) != 1:
+            return None
+        return t
+
+    trial: dict[str, Any] = wait_for(
+        running, timeout=90, interval=0.5, message=lambda: f"a running trial; {why()}"
+    )
+    return trial
+
+
+def _same_trial(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return bool(a["arm"] == b["arm"] and a["startedAt"] == b["startedAt"])
+
+
+class CanaryWatch:
+    """Polls the canary Deployments in the background; remembers the most seen at once."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.most = 0
+        self.names: set[str] = set()
+        self.owners: dict[str, list[Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> CanaryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                live = [c for c in self.env.canaries() if c.metadata.deletion_timestamp is None]
+            except Exception:  # a transient API error: look again
+                live = []
+            self.most = max(self.most, len(live))
+            for c in live:
+                self.names.add(c.metadata.name)
+                self.owners[c.metadata.name] = list(c.metadata.owner_references or [])
+            self._stop.wait(0.3)
+
+
+# -- 1. Prometheus stopped mid-trial ------------------------------------------------------------
+
+
+def test_prometheus_down_mid_trial_holds_the_setting(
+    cluster: Cluster,
+    namespace: str,
+    prometheus: Prometheus,
+    sim_pods: Callable[..., SimPods],
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    """Prometheus stopped for two windows mid-trial: the target is held, the trial is not
+    judged on the missing windows, ``MetricsAvailable`` goes False and back to True, and the
+    trial goes on."""
+    env = Env(cluster, namespace)
+    env.create_target(["serve", MODEL])
+    sims = sim_pods(namespace)
+    op = start_operator(namespace)
+    env.create_spt(spectuning(prometheus.url))
+    why = diagnostics(env, op, sims)
+    trial = _mid_trial(env, why)
+    args = env.target_args()
+    generation = env.target().metadata.generation
+
+    prometheus.stop()
+    try:
+        down = time.monotonic()
+        cond = wait_for(
+            lambda: (c := env.condition("MetricsAvailable")) and c["status"] == "False" and c,
+            timeout=WINDOW_S * 2 + 10,
+            message=lambda: f"MetricsAvailable=False; {why()}",
+        )
+        assert cond["reason"] == "SourceUnavailable" and "holding" in cond["message"], cond
+        # Keep it down for two windows in all.
+        time.sleep(max(0.0, 2 * WINDOW_S - (time.monotonic() - down)))
+        # Held: the target untouched, the same trial still running, no window recorded.
+        assert env.target_args() == args
+        assert env.target().metadata.generation == generation
+        now = env.trials()
+        assert _same_trial(now[-1], trial), (trial, now)
+        assert now[-1]["outcome"] == "running", now[-1]
+        assert now[-1].get("windows", 0) == trial.get("windows", 0), (trial, now[-1])
+        assert len(env.canaries()) == 1
+        assert env.condition("MetricsAvailable")["status"] == "False"  # type: ignore[index]
+    finally:
+        prometheus.start()
+
+    wait_for(
+        lambda: (c := env.condition("MetricsAvailable")) and c["status"] == "True",
+        timeout=WINDOW_S * 3 + 10,
+        message=lambda: f"MetricsAvailable=True again; {why()}",
+    )
+
+    # Tuning goes on: the trial gains a window or ends and the search moves on.
+    def moved_on() -> bool:
+        trials = env.trials()
+        same = [t for t in trials if _same_trial(t, trial)]
+        assert len(same) == 1, trials  # never repeated
+        return same[0].get("windows", 0) > trial.get("windows", 0) or trials[-1] is not same[0]
+
+    wait_for(moved_on, timeout=WINDOW_S * 3 + 10, message=lambda: f"tuning resumed; {why()}")
+    assert env.status()["phase"] != "Failed"
+
+
+# -- 2. The operator SIGKILLed mid-trial -------------------------------------------------------
+
+
+def test_operator_killed_mid_trial_resumes_from_status(
+    cluster: Cluster,
+    namespace: str,
+    prometheus: Prometheus,
+    sim_pods: Callable[..., SimPods],
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    """SIGKILL mid-trial, then a new operator process: it resumes the trial from
+    ``status.history``; never more than one canary, always owned by the SpecTuning; no trial
+    started twice; no promotion done twice."""
+    env = Env(cluster, namespace)
+    env.create_target(["serve", MODEL])
+    sims = sim_pods(namespace)
+    op = start_operator(namespace)
+    env.create_spt(spectuning(prometheus.url, search={"window": "10s", "maxTrials": 3}))
+    why = diagnostics(env, op, sims)
+    uid = env.spt()["metadata"]["uid"]
+    with CanaryWatch(env) as watch:
+        trial = _mid_trial(env, why)
+        before = env.trials()
+        os.killpg(op.process.pid, signal.SIGKILL)
+        op.process.wait(timeout=10)
+        time.sleep(2)
+        assert len(env.canaries()) == 1  # the canary outlives the process, as it should
+        op2 = start_operator(namespace)
+        why = diagnostics(env, op2, sims)
+        wait_for(
+            lambda: env.status().get("phase") == "Monitoring",
+            timeout=180,
+            interval=0.5,
+            message=lambda: f"Monitoring after the restart; {why()}",
+        )
+        wait_for(lambda: not env.canaries(), timeout=30, message="canaries removed at the end")
+    assert op2.process.poll() is None, "the restarted operator exited"
+    assert watch.most == 1, f"{watch.most} canaries at once: {watch.names}"
+    for name, refs in watch.owners.items():
+        assert refs and refs[0].kind == KIND and refs[0].uid == uid, (name, refs)
+
+    trials = env.trials()
+    # The trials before the kill are kept as they were (the running one may have ended since).
+    for old, new in zip(before[:-1], trials, strict=False):
+        assert _same_trial(old, new) and old["outcome"] == new["outcome"], (before, trials)
+    assert sum(1 for t in trials if _same_trial(t, trial)) == 1, trials
+    starts = [(t["arm"], t["startedAt"]) for t in trials]
+    assert len(starts) == len(set(starts)), trials
+    # A trial started by the second process never re-runs the arm that was mid-trial at the kill.
+    later = trials[next(i for i, t in enumerate(trials) if _same_trial(t, trial)) + 1 :]
+    assert all(t["arm"] != trial["arm"] for t in later), trials
+
+    promotions = env.status()["history"]["history"]["promotions"]
+    promoted = [e for e in env.events() if e.reason == "Promoted"]
+    arms = [p[1] for p in promotions]
+    assert all(a != b for a, b in itertools.pairwise(arms)), promotions
+    assert sum(e.count or 1 for e in promoted) <= len(promotions), (
+        [e.message for e in promoted],
+        promotions,
+    )
+
+
+# -- 3. A canary arm that crash-loops ------------------------------------------------------------
+
+
+def _huge_drafter_scenario(path: Path) -> Path:
+    """The chat scenario plus a draft model too large for the GPU: its pods die at start-up."""
+    doc = yaml.safe_load(DEFAULT_SCENARIO.read_text())
+    doc["drafters"].append(
+        {
+            "name": "huge",
+            "method": "draft_model",
+            "model": "meta-llama/Llama-3.1-405B-Instruct",
+            "weights_gib": 200,
+            "params_b": 405,
+            "kv_bytes_per_token": 262144,
+            "max_k": 4,
+        }
+    )
+    for route in doc["routes"]:
+        route["acceptance"]["huge"] = {"alpha": 0.9, "decay": 0.98, "spread": 10}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_crash_looping_canary_is_rolled_back_and_marked_infeasible(
+    cluster: Cluster,
+    namespace: str,
+    prometheus: Prometheus,
+    sim_pods: Callable[..., SimPods],
+    start_operator: Callable[..., OperatorProcess],
+    tmp_path: Path,
+) -> None:
+    """A drafter too large for the KV pool: ``spectune sim serve`` exits 1 at start-up for
+    its canary pod, and the sim-pods harness shows that as the kubelet would (kwok runs no
+    containers, so the harness writes the pod's container status: ``CrashLoopBackOff`` with
+    the last termination ``Error``). The operator rolls the canary back within one window,
+    records the trial as infeasible and posts a ``TrialInfeasible`` event."""
+    env = Env(cluster, namespace)
+    env.create_target(["serve", MODEL])
+    sims = sim_pods(namespace, scenario=_huge_drafter_scenario(tmp_path / "huge.yaml"))
+    op = start_operator(namespace)
+    drafters = [
+        {
+            "name": "huge",
+            "method": "draft_model",
+            "model": "meta-llama/Llama-3.1-405B-Instruct",
+            "maxK": 2,
+        }
+    ]
+    env.create_spt(spectuning(prometheus.url, drafters=drafters))
+    why = diagnostics(env, op, sims)
+    args = env.target_args()
+
+    crashed = wait_for(
+        lambda: sims.crashed_at and dict(sims.crashed_at),
+        timeout=90,
+        message=lambda: f"a canary pod crashed; {why()}",
+    )
+    pod, at = next(iter(crashed.items()))
+    assert "ValueError" in sims.exits[pod], sims.exits[pod]
+
+    def infeasible() -> dict[str, Any] | None:
+        for t in env.trials():
+            if t["outcome"] == "infeasible":
+                return t
+        return None
+
+    trial = wait_for(infeasible, timeout=WINDOW_S + 5, message=lambda: f"infeasible; {why()}")
+    assert trial["arm"].startswith("huge/"), trial
+    assert "CrashLoopBackOff" in (trial.get("reason") or ""), trial
+    wait_for(lambda: not env.canaries(), timeout=5, message="the canary deleted")
+    assert time.monotonic() - at <= WINDOW_S + 5, "rolled back later than one window"
+    events = [e for e in env.events() if e.reason == "TrialInfeasible"]
+    assert events and events[0].type == "Warning", [(e.reason, e.message) for e in env.events()]
+    assert "huge/" in events[0].message
+    assert env.target_args() == args
+    assert op.process.poll() is None
+
+
+# -- 4. suspend ----------------------------------------------------------------------------------
+
+
+def test_suspend_removes_canaries_and_resumes(
+    cluster: Cluster,
+    namespace: str,
+    prometheus: Prometheus,
+    sim_pods: Callable[..., SimPods],
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    """``suspend: true`` mid-trial: the canary goes, the target stays as it is, phase
+    Suspended; ``suspend: false`` resumes the search."""
+    env = Env(cluster, namespace)
+    env.create_target(["serve", MODEL])
+    sims = sim_pods(namespace)
+    op = start_operator(namespace)
+    env.create_spt(spectuning(prometheus.url))
+    why = diagnostics(env, op, sims)
+    trial = _mid_trial(env, why)
+    args, generation = env.target_args(), env.target().metadata.generation
+    env.patch_spec({"suspend": True})
+    wait_for(
+        lambda: env.status().get("phase") == "Suspended",
+        timeout=WINDOW_S + 10,
+        message=lambda: f"Suspended; {why()}",
+    )
+    wait_for(lambda: not env.canaries(), timeout=10, message="canaries removed")
+    ready = env.condition("Ready")
+    assert ready is not None and ready["reason"] == "Suspended", ready
+    time.sleep(4)
+    assert not env.canaries()
+    assert env.status()["phase"] == "Suspended"
+    assert env.target_args() == args and env.target().metadata.generation == generation
+    # The trial under way ended (aborted, or measured when its window had just closed); no
+    # trial runs while suspended.
+    stopped = [t for t in env.trials() if _same_trial(t, trial)]
+    assert stopped and stopped[0]["outcome"] in ("aborted", "measured"), env.trials()
+    assert env.running_trial() is None, env.trials()
+
+    env.patch_spec({"suspend": False})
+
+    def resumed() -> bool:
+        return env.status().get("phase") != "Suspended" and env.running_trial() is not None
+
+    wait_for(resumed, timeout=WINDOW_S * 3, message=lambda: f"a trial after resuming; {why()}")
+    wait_for(lambda: len(env.canaries()) == 1, timeout=30, message="a canary again")
+    assert env.condition("Ready")["reason"] == "Tuning"  # type: ignore[index]
+
+
+# -- 5. two SpecTunings on one Deployment ----------------------------------------------------------
+
+
+def test_second_spectuning_on_a_deployment_is_refused(
+    cluster: Cluster,
+    namespace: str,
+    prometheus: Prometheus,
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    """The second SpecTuning of a Deployment says which one owns it and touches nothing."""
+    env = Env(cluster, namespace)
+    env.create_target(["serve", MODEL])
+    op = start_operator(namespace)
+    env.create_spt(spectuning(prometheus.url, name="first"))
+    wait_for(lambda: env.status("first").get("phase"), timeout=30, message="first has a phase")
+    time.sleep(1.1)  # creationTimestamp has a one-second resolution
+    env.create_spt(spectuning(prometheus.url, name="second"))
+
+    def refused() -> dict[str, Any] | None:
+        c = env.condition("Ready", "second")
+        return c if c is not None and c["reason"] == "TargetConflict" else None
+
+    cond = wait_for(refused, timeout=30, message=lambda: f"TargetConflict; {op.log()[-2000:]}")
+    assert cond["status"] == "False"
+    assert "first" in cond["message"] and "llama" in cond["message"], cond
+    assert env.status("second")["phase"] == "Failed"
+    time.sleep(3)
+    assert env.status("first")["phase"] != "Failed"
+    assert (env.condition("Ready", "first") or {}).get("reason") != "TargetConflict"
+    for c in env.canaries():
+        assert c.metadata.owner_references[0].name == "first"
+
+
+# -- 6. RBAC without a verb ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def crippled_kubeconfig(
+    cluster: Cluster, operator_kubeconfig: Path, tmp_path: Path
+) -> Iterator[tuple[Path, Callable[[], None]]]:
+    """A ServiceAccount bound to a copy of ``deploy/rbac.yaml``'s ClusterRole without
+    ``patch`` on Deployments; yields its kubeconfig and a function that gives the verb back."""
+    suffix = tmp_path.name[-20:].lower().replace("_", "-").strip("-")
+    name = f"spectune-nopatch-{suffix}"
+    docs = list(yaml.safe_load_all(RBAC.read_text()))
+    role = copy.deepcopy(next(d for d in docs if d["kind"] == "ClusterRole"))
+    full = copy.deepcopy(role)
+    role["metadata"]["name"] = name
+    for rule in role["rules"]:
+        if rule["apiGroups"] == ["apps"] and "deployments" in rule["resources"]:
+            rule["verbs"] = [v for v in rule["verbs"] if v != "patch"]
+    sa_ns = "spectune-system"
+    rbac = client.RbacAuthorizationV1Api(cluster.api)
+    core = client.CoreV1Api(cluster.api)
+    core.create_namespaced_service_account(sa_ns, {"metadata": {"name": name}})
+    rbac.create_cluster_role(role)
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": sa_ns}],
+        }
+    )
+    token = core.create_namespaced_service_account_token(
+        name,
+        sa_ns,
+        client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+        ),
+    ).status.token
+    doc = yaml.safe_load(operator_kubeconfig.read_text())
+    doc["users"][0]["user"]["token"] = token
+    path = tmp_path / "kubeconfig-nopatch"
+    path.write_text(yaml.safe_dump(doc))
+
+    def restore() -> None:
+        rbac.patch_cluster_role(name, {"rules": full["rules"]})
+
+    try:
+        yield path, restore
+    finally:
+        rbac.delete_cluster_role_binding(name)
+        rbac.delete_cluster_role(name)
+        core.delete_namespaced_service_account(name, sa_ns)
+
+
+def test_missing_rbac_verb_is_named_and_the_operator_keeps_running(
+    cluster: Cluster,
+    namespace: str,
+    prometheus: Prometheus,
+    start_operator: Callable[..., OperatorProcess],
+    crippled_kubeconfig: tuple[Path, Callable[[], None]],
+) -> None:
+    """Without ``patch`` on Deployments the SpecTuning says so (verb and resource named, in a
+    condition and an event); the operator process stays up; given the verb back, it goes on."""
+    kubeconfig, restore = crippled_kubeconfig
+    env = Env(cluster, namespace)
+    env.create_target(["serve", MODEL])
+    op = start_operator(namespace, KUBECONFIG=str(kubeconfig))
+    env.create_spt(spectuning(prometheus.url))
+
+    def forbidden() -> dict[str, Any] | None:
+        c = env.condition("Ready")
+        return c if c is not None and c["reason"] == "Forbidden" else None
+
+    cond = wait_for(forbidden, timeout=30, message=lambda: f"Forbidden; {op.log()[-3000:]}")
+    assert cond["status"] == "False"
+    assert "patch" in cond["message"] and "deployments" in cond["message"], cond
+    wait_for(lambda: "Forbidden" in env.reasons(), timeout=15, message="a Forbidden event")
+    event = next(e for e in env.events() if e.reason == "Forbidden")
+    assert event.type == "Warning" and "patch" in event.message, event.message
+    time.sleep(5)
+    assert op.process.poll() is None, f"the operator exited:\n{op.log()}"
+    assert env.condition("Ready")["reason"] == "Forbidden"  # type: ignore[index]
+    assert "spectune.io/fingerprint" not in (env.target().metadata.annotations or {})
+
+    restore()
+    wait_for(
+        lambda: "spectune.io/fingerprint" in (env.target().metadata.annotations or {}),
+        timeout=30,
+        message=lambda: f"the operator adopted the target once allowed; {op.log()[-3000:]}",
+    )
+    wait_for(
+        lambda: (env.condition("Ready") or {}).get("reason") != "Forbidden",
+        timeout=30,
+        message="the Forbidden condition cleared",
+    )
+    assert op.process.poll() is None
