@@ -36,5 +36,11 @@ mypy
 step "import-linter layer contracts"
 lint-imports
 
+step "generated files are current (chart values table, dashboard, CRD)"
+python hack/chart-readme.py --check
+python hack/dashboard.py --check
+spectune crd | diff -u crds/spectune.io_spectunings.yaml - >/dev/null \
+  || { echo "crds/ is stale: run spectune crd --out crds/spectune.io_spectunings.yaml" >&2; exit 1; }
+
 step "pytest: every tier"
 pytest "$@"
