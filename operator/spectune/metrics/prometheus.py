@@ -10,6 +10,7 @@ a worker thread with an explicit timeout so the operator's event loop never bloc
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import re
 from collections.abc import Mapping
@@ -23,7 +24,8 @@ from urllib3.util.retry import Retry
 
 from spectune.engines import Catalogue, Dialect, catalogue_for
 from spectune.errors import InputError, NoDataError, SourceUnavailableError
-from spectune.metrics.observation import Histogram, Observation, SpecCounts
+from spectune.metrics.exposition import Sample, Snapshot
+from spectune.metrics.observation import Observation, observation_from_pages
 
 __all__ = ["PrometheusSource", "validate_selector"]
 
@@ -188,151 +190,32 @@ class PrometheusSource:
         )
 
     async def observe(self, window_s: float, at: float | None = None) -> Observation:
-        """Return the observation for the ``window_s`` seconds that end at ``at`` (now)."""
+        """Return the observation for the ``window_s`` seconds that end at ``at`` (now).
+
+        One range query fetches every raw sample of the dialect's series for the selected
+        pods over the window; increases are computed here with Prometheus' counter-reset
+        rule (a drop is a restart) and stretched to the window's length as ``increase()``
+        does, gauges are averaged over the window, and the result goes through the same
+        window arithmetic as two saved pages
+        (:func:`~spectune.metrics.observation_from_pages`). One query per group and window
+        keeps an operator with hundreds of SpecTunings within its query budget.
+        """
         if window_s <= 0:
             raise InputError(f"the window must be positive, got {window_s:g}s")
-        dialect = self._dialect or await self.detect_dialect(at)
+        if self._dialect is None:
+            self._dialect = await self.detect_dialect(at)  # once: the pods keep their engine
+        dialect = self._dialect
         cat = catalogue_for(dialect)
-        w = f"[{round(window_s)}s]"
-
-        async def inc(name: str | None) -> float | None:
-            if name is None:
-                return None
-            return await self._scalar(f"sum(increase({self._sel(name)}{w}))", at)
-
-        async def gauge(name: str | None, agg: str = "avg") -> float | None:
-            if name is None:
-                return None
-            return await self._scalar(f"{agg}(avg_over_time({self._sel(name)}{w}))", at)
-
-        pods_rows = await self.query(f"count by (pod, instance)({self._sel(cat.running)})", at)
-        if not pods_rows:
-            raise NoDataError(
-                f"the selector {{{self._body}}} matches no {cat.running} series at {self._url}"
-            )
-        pods = tuple(sorted({_pod_name(r) for r in pods_rows}))
-        drafts, draft_tokens, accepted, emitted = await asyncio.gather(
-            inc(cat.drafts),
-            inc(cat.draft_tokens),
-            inc(cat.accepted_tokens),
-            inc(cat.emitted_tokens),
-        )
-        per_pos = await self._per_position(cat, w, at)
-        if cat.drafts is None and cat.drafted_per_pos is not None:
-            first = await self._per_position(cat, w, at, name=cat.drafted_per_pos)
-            drafts = first[0] if first else None
-        spec = None
-        if any(v is not None for v in (drafts, draft_tokens, accepted)):
-            spec = SpecCounts(drafts, draft_tokens, accepted, per_pos, emitted)
-        (gen, prompt, preempt, running, waiting, kv, rate_g, len_g, eff_g) = await asyncio.gather(
-            inc(cat.generation_tokens),
-            inc(cat.prompt_tokens),
-            inc(cat.preemptions),
-            gauge(cat.running),
-            gauge(cat.waiting, "sum"),
-            gauge(cat.kv_usage),
-            gauge(cat.acceptance_rate_gauge),
-            gauge(cat.accept_length_gauge),
-            gauge(cat.efficiency_gauge),
-        )
-        if dialect is Dialect.SGLANG and len_g is not None and len_g <= 0:
-            len_g = rate_g = None
-        tpot, ttft, queue, e2e = await asyncio.gather(
-            self._histogram(cat.tpot_hist, w, at),
-            self._histogram(cat.ttft_hist, w, at),
-            self._histogram(cat.queue_hist, w, at),
-            self._histogram(cat.e2e_hist, w, at),
-        )
-        blocks, size, tokens = await self._cache(cat, at)
-        resets = await self._resets(cat, w, at)
-        return Observation(
-            dialect=dialect,
-            window_s=window_s,
-            pods=pods,
-            spec=spec,
-            acceptance_rate_gauge=rate_g,
-            accept_length_gauge=len_g,
-            efficiency_gauge=eff_g,
-            generation_tokens=gen,
-            prompt_tokens=prompt,
-            preemptions=preempt,
-            running=running,
-            waiting=waiting,
-            kv_usage=kv,
-            num_gpu_blocks=blocks,
-            block_size=size,
-            kv_capacity_tokens=tokens,
-            tpot=tpot,
-            ttft=ttft,
-            queue=queue,
-            e2e=e2e,
-            resets=resets,
-        )
-
-    async def _per_position(
-        self, cat: Catalogue, w: str, at: float | None, name: str | None = None
-    ) -> tuple[float, ...] | None:
-        name = name or cat.accepted_per_pos
-        label = cat.position_label
-        if name is None or label is None:
-            return None
-        rows = await self.query(f"sum by ({label})(increase({self._sel(name)}{w}))", at)
+        regex = "|".join(re.escape(n) for n in _series_names(cat))
+        rows = await self.query(f'{{__name__=~"{regex}",{self._body}}}[{round(window_s)}s]', at)
         if not rows:
-            return None
-        by_pos: dict[int, float] = {}
-        for r in rows:
-            raw = r.get("metric", {}).get(label)
-            value = _value(r)
-            if raw is None or math.isnan(value):
-                continue
-            by_pos[int(raw)] = value
-        if not by_pos:
-            return None
-        return tuple(by_pos.get(i, 0.0) for i in range(max(by_pos) + 1))
-
-    async def _histogram(self, name: str | None, w: str, at: float | None) -> Histogram | None:
-        if name is None:
-            return None
-        rows, total, count = await asyncio.gather(
-            self.query(f"sum by (le)(increase({self._sel(name + '_bucket')}{w}))", at),
-            self._scalar(f"sum(increase({self._sel(name + '_sum')}{w}))", at),
-            self._scalar(f"sum(increase({self._sel(name + '_count')}{w}))", at),
-        )
-        buckets: dict[float, float] = {}
-        for r in rows:
-            le = r.get("metric", {}).get("le")
-            value = _value(r)
-            if le is None or math.isnan(value):
-                continue
-            buckets[float(le)] = value
-        if not buckets or count is None:
-            return None
-        bounds = tuple(sorted(buckets))
-        return Histogram(bounds, tuple(buckets[b] for b in bounds), total or 0.0, count)
-
-    async def _cache(
-        self, cat: Catalogue, at: float | None
-    ) -> tuple[int | None, int | None, int | None]:
-        blocks = size = tokens = None
-        if cat.cache_config_info is not None:
-            for r in await self.query(self._sel(cat.cache_config_info), at):
-                labels = r.get("metric", {})
-                blocks = _min_label(labels, "num_gpu_blocks", blocks)
-                size = _min_label(labels, "block_size", size)
-                tokens = _min_label(labels, "kv_cache_size_tokens", tokens)
-        if tokens is None and cat.kv_capacity_tokens_gauge is not None:
-            g = await self._scalar(f"min({self._sel(cat.kv_capacity_tokens_gauge)})", at)
-            tokens = int(g) if g is not None else None
-        if tokens is None and blocks is not None and size is not None:
-            tokens = blocks * size
-        return blocks, size, tokens
-
-    async def _resets(self, cat: Catalogue, w: str, at: float | None) -> tuple[str, ...]:
-        name = cat.drafts or cat.generation_tokens
-        if name is None:
-            return ()
-        rows = await self.query(f"resets({self._sel(name)}{w}) > 0", at)
-        return tuple(sorted({_pod_name(r) for r in rows}))
+            raise NoDataError(
+                f"the selector {{{self._body}}} matches no {dialect.value} series at {self._url}"
+            )
+        before, after = _pages_from_ranges(rows, dialect, window_s, cat)
+        if not after:
+            raise NoDataError(f"the selector {{{self._body}}} matches no pod at {self._url}")
+        return observation_from_pages(before, after, window_s)
 
     async def is_online(self) -> bool:
         """Whether Prometheus answers a trivial query."""
@@ -341,6 +224,92 @@ class PrometheusSource:
         except (SourceUnavailableError, InputError):
             return False
         return True
+
+
+def _series_names(cat: Catalogue) -> list[str]:
+    """Every sample name the dialect's observation reads (histograms as their three parts)."""
+    plain = [
+        cat.drafts, cat.draft_tokens, cat.accepted_tokens, cat.accepted_per_pos,
+        cat.drafted_per_pos, cat.emitted_tokens, cat.acceptance_rate_gauge,
+        cat.accept_length_gauge, cat.efficiency_gauge, cat.running, cat.waiting, cat.kv_usage,
+        cat.cache_config_info, cat.kv_capacity_tokens_gauge, cat.preemptions,
+        cat.generation_tokens, cat.prompt_tokens,
+    ]  # fmt: skip
+    if cat.dialect is Dialect.SGLANG:
+        plain.append("sglang:spec_num_steps")
+    names = [n for n in plain if n]
+    names += [h + part for h in _histograms(cat) for part in ("_bucket", "_sum", "_count")]
+    return sorted(set(names))
+
+
+def _histograms(cat: Catalogue) -> list[str]:
+    return [h for h in (cat.tpot_hist, cat.ttft_hist, cat.queue_hist, cat.e2e_hist) if h]
+
+
+#: Labels Prometheus adds to every series; not part of the engine's own label sets.
+_TARGET_LABELS = ("job", "instance", "pod", "namespace")
+
+
+def _pages_from_ranges(
+    rows: Result, dialect: Dialect, window_s: float, cat: Catalogue
+) -> tuple[list[Snapshot], list[Snapshot]]:
+    """Per-pod start and end snapshots equivalent to the window's raw samples.
+
+    The start page holds each cumulative series' first sample; the end page holds it plus
+    the reset-aware increase over the samples, stretched to the whole window (samples
+    cover a little less than it). Gauges read their mean over the window on both pages.
+    """
+    cumulative = {
+        n
+        for n in (cat.drafts, cat.draft_tokens, cat.accepted_tokens, cat.accepted_per_pos,
+                  cat.drafted_per_pos, cat.emitted_tokens, cat.preemptions,
+                  cat.generation_tokens, cat.prompt_tokens)
+        if n
+    }  # fmt: skip
+    cumulative |= {h + part for h in _histograms(cat) for part in ("_bucket", "_sum", "_count")}
+    start: dict[str, dict[str, list[Sample]]] = {}
+    end: dict[str, dict[str, list[Sample]]] = {}
+    for row in rows:
+        metric = dict(row.get("metric", {}))
+        name = str(metric.pop("__name__", ""))
+        points = _points(row)
+        if not name or not points:
+            continue
+        pod = _pod_name({"metric": metric})
+        labels = tuple(sorted((k, str(v)) for k, v in metric.items() if k not in _TARGET_LABELS))
+        if name in cumulative:
+            first = points[0][1]
+            span = points[-1][0] - points[0][0]
+            stretch = min(window_s / span, 2.0) if span > 0 else 1.0
+            last = first + _increase([v for _, v in points]) * stretch
+        else:
+            first = last = math.fsum(v for _, v in points) / len(points)
+        start.setdefault(pod, {}).setdefault(name, []).append(Sample(name, labels, first))
+        end.setdefault(pod, {}).setdefault(name, []).append(Sample(name, labels, last))
+
+    def snapshots(pages: dict[str, dict[str, list[Sample]]]) -> list[Snapshot]:
+        return [
+            Snapshot(pod, dialect, {k: tuple(v) for k, v in series.items()}, {})
+            for pod, series in sorted(pages.items())
+        ]
+
+    return snapshots(start), snapshots(end)
+
+
+def _points(row: Mapping[str, Any]) -> list[tuple[float, float]]:
+    """The (time, value) samples of one range-query series, NaNs dropped."""
+    try:
+        points = [(float(t), float(v)) for t, v in row["values"]]
+    except (KeyError, TypeError, ValueError):
+        raise SourceUnavailableError(
+            "Prometheus answered a range series without numeric samples"
+        ) from None
+    return [(t, v) for t, v in points if not math.isnan(v)]
+
+
+def _increase(values: list[float]) -> float:
+    """Growth of a counter over samples; a drop is a restart from zero (Prometheus' rule)."""
+    return math.fsum(cur - prev if cur >= prev else cur for prev, cur in itertools.pairwise(values))
 
 
 def _value(row: Mapping[str, Any]) -> float:
@@ -355,17 +324,6 @@ def _value(row: Mapping[str, Any]) -> float:
 def _pod_name(row: Mapping[str, Any]) -> str:
     labels = row.get("metric", {})
     return str(labels.get("pod") or labels.get("instance") or "unknown")
-
-
-def _min_label(labels: Mapping[str, str], key: str, current: int | None) -> int | None:
-    raw = labels.get(key)
-    try:
-        value = int(float(raw)) if raw not in (None, "", "None") else None
-    except ValueError:
-        value = None
-    if value is None:
-        return current
-    return value if current is None else min(current, value)
 
 
 def _short(text: str) -> str:

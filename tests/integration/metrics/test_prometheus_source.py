@@ -72,6 +72,17 @@ def test_prometheus_and_page_pairs_give_the_same_diagnosis(
     base_pages = _page_pair(fleet[2:], end)
 
     assert sorted(from_prom.pods) == ["llama-0", "llama-1"]
+    # One range query per window once the dialect is known (the operator's query budget).
+    sent: list[str] = []
+    real_query = spec.query
+
+    async def counting(promql: str, at: float | None = None) -> list:
+        sent.append(promql)
+        return await real_query(promql, at)
+
+    spec.query = counting  # type: ignore[method-assign]
+    asyncio.run(spec.observe(WINDOW, at=end))
+    assert len(sent) == 1, sent
     d_prom = diagnose(from_prom, base_prom)
     d_pages = diagnose(from_pages, base_pages)
     assert _close(d_prom.acceptance.rate, d_pages.acceptance.rate)
