@@ -206,8 +206,9 @@ def test_operator_killed_mid_trial_resumes_from_status(
 
     promotions = env.status()["history"]["history"]["promotions"]
     promoted = [e for e in env.events() if e.reason == "Promoted"]
-    arms = [p[1] for p in promotions]
-    assert all(a != b for a, b in itertools.pairwise(arms)), promotions
+    # Within a search (an epoch) an arm is never promoted twice in a row. A later epoch (a
+    # re-measure) may confirm the same arm; the controller then patches nothing.
+    assert all(a[1] != b[1] for a, b in itertools.pairwise(promotions) if a[0] == b[0]), promotions
     assert sum(e.count or 1 for e in promoted) <= len(promotions), (
         [e.message for e in promoted],
         promotions,
