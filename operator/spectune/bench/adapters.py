@@ -72,7 +72,6 @@ class SimStage:
         self.timeline: list[tuple[float, str]] = [(0.0, self.incumbent.name)]
         self._configured: list[Arm] = [s.arm for s in fleet.states()]
         self._generation = [0] * n
-        self._released: set[int] = set()
         self._queue: list[int] = []
         self._current: int | None = None
         self._route_events = sorted(
@@ -111,8 +110,6 @@ class SimStage:
     def start_canary(self, arm: Arm) -> None:
         """Restart the canary replicas on ``arm``."""
         self.fleet.scenario.check_arm(arm)
-        self.settle()
-        self._released.difference_update(self.canary_idx)
         self.canary_arm = arm
         self.trials += 1
         self.canary_failure = self._apply(arm, self.canary_idx)
@@ -124,10 +121,6 @@ class SimStage:
         self.canary_arm = None
         self.canary_failure = None
         self.fleet.park(self.canary_idx)
-
-    def settle(self) -> None:
-        """Kept for the actuator's call order; canary slots park, they never rejoin."""
-        self._released.clear()
 
     # --- promotion ----------------------------------------------------------------------
 
@@ -179,7 +172,6 @@ class SimStage:
     def advance_to(self, t: float) -> None:
         """Move simulated time to ``min(t, end_s)``, moving the rollout along the way."""
         t = min(t, self.end_s)
-        self.settle()
         self._roll()
         while self.fleet.now < t:
             step_to = t
@@ -205,7 +197,6 @@ class SimStage:
 
     def deployment(self) -> Deployment:
         """What runs now."""
-        self.settle()
         self._roll()
         ready = False
         failure = self.canary_failure
@@ -297,7 +288,6 @@ class SimGroupMetrics:
 
     async def observe(self, window_s: float) -> Mapping[Group, Observation]:
         """Scrape, wait out the window, scrape again; one Observation per group."""
-        self.stage.settle()
         start = self.stage.now
         before = self._pages()
         self.stage.advance_to(start + window_s)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from spectune.control.ports import Actuator, Clock, Deployment, Group, GroupMetrics
 from spectune.core import wilson_interval
-from spectune.search.arms import Arm, parse_arm
+from spectune.search.arms import Arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.objective import (
     SMALL_BATCH_CHANGE,
@@ -377,13 +377,6 @@ class Controller:
         """Step until the clock reaches ``until_s``."""
         while self.clock.now() < until_s:
             await self.step()
-
-    @property
-    def incumbent_arm(self) -> Arm | None:
-        """The arm last promoted in this history, if any."""
-        if not self.history.promotions:
-            return None
-        return parse_arm(self.history.promotions[-1][1])
 
 
 def _moved(first: WindowRecord, w: WindowRecord, factor: float) -> int:
