@@ -15,139 +15,22 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from spectune.api.names import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from spectune.engines.args import parse_vllm_args
+from spectune.api.names import GROUP, KIND, PLURAL, VERSION
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.prometheus import Prometheus
 from tests.fixtures.simpods import SimPods
 from tests.integration.operator.conftest import OperatorProcess
-
-TARGET = "llama"
-MODEL = "meta-llama/Llama-3.1-70B-Instruct"
-EAGLE = "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"
-
-
-def _deployment(args: list[str]) -> dict[str, Any]:
-    labels = {"app": TARGET}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": TARGET},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
-            },
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "containers": [
-                        {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": args}
-                    ]
-                },
-            },
-        },
-    }
-
-
-def _spectuning(prom_url: str, name: str = "tune", **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "targetRef": {"name": TARGET, "container": "vllm"},
-        "engine": "vllm",
-        "metrics": {"prometheus": {"url": prom_url}},
-        "drafters": [{"name": "eagle3", "method": "eagle3", "model": EAGLE, "maxK": 3}],
-        "search": {"window": "10s", "maxTrials": 4},
-    }
-    body.update(spec)
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": body}
-
-
-class Env:
-    """One test's cluster objects and helpers."""
-
-    def __init__(self, cluster: Cluster, namespace: str) -> None:
-        self.ns = namespace
-        self.apps = client.AppsV1Api(cluster.api)
-        self.core = client.CoreV1Api(cluster.api)
-        self.custom = client.CustomObjectsApi(cluster.api)
-
-    def create_target(self, args: list[str]) -> None:
-        self.apps.create_namespaced_deployment(self.ns, _deployment(args))
-        wait_for(self.target_ready, timeout=90, message="the target rolled out")
-
-    def target(self) -> Any:
-        return self.apps.read_namespaced_deployment(TARGET, self.ns)
-
-    def target_ready(self) -> bool:
-        d = self.target()
-        s = d.status
-        return bool(
-            s.observed_generation == d.metadata.generation
-            and s.updated_replicas == 1
-            and s.available_replicas == 1
-            and (s.replicas or 0) == 1
-        )
-
-    def target_args(self) -> list[str]:
-        return [str(a) for a in self.target().spec.template.spec.containers[0].args]
-
-    def canaries(self) -> list[Any]:
-        return list(
-            self.apps.list_namespaced_deployment(
-                self.ns, label_selector="spectune.io/role=canary"
-            ).items
-        )
-
-    def create_spt(self, body: dict[str, Any]) -> None:
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
-
-    def spt(self, name: str = "tune") -> dict[str, Any]:
-        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
-            GROUP, VERSION, self.ns, PLURAL, name
-        )
-        return obj
-
-    def status(self, name: str = "tune") -> dict[str, Any]:
-        return dict(self.spt(name).get("status") or {})
-
-    def condition(self, type_: str, name: str = "tune") -> dict[str, Any] | None:
-        for c in self.status(name).get("conditions") or []:
-            if c["type"] == type_:
-                return dict(c)
-        return None
-
-    def events(self, name: str = "tune") -> list[Any]:
-        return list(
-            self.core.list_namespaced_event(
-                self.ns, field_selector=f"involvedObject.name={name}"
-            ).items
-        )
-
-    def reasons(self, name: str = "tune") -> set[str]:
-        return {e.reason for e in self.events(name)}
-
-
-def _arm_of(args: list[str]) -> str:
-    spec = parse_vllm_args(args).spec
-    if spec is None:
-        return "off"
-    return f"eagle3/{spec.num_speculative_tokens}"
-
-
-def _diagnostics(env: Env, op: OperatorProcess, sims: SimPods) -> Callable[[], str]:
-    def show() -> str:
-        return (
-            f"status={json.dumps(env.status().get('conditions'))} phase="
-            f"{env.status().get('phase')} sims={list(sims.running())} exits={sims.exits} "
-            f"errors={sims.errors}\noperator log:\n{op.log()[-3000:]}"
-        )
-
-    return show
+from tests.integration.operator.helpers import (
+    EAGLE,
+    MODEL,
+    TARGET,
+    Env,
+    arm_of,
+    diagnostics,
+    spectuning,
+)
 
 
 def test_auto_mode_explores_promotes_and_cleans_up(
@@ -161,8 +44,8 @@ def test_auto_mode_explores_promotes_and_cleans_up(
     env.create_target(["serve", MODEL])
     sims = sim_pods(namespace)
     op = start_operator(namespace)
-    env.create_spt(_spectuning(prometheus.url))
-    why = _diagnostics(env, op, sims)
+    env.create_spt(spectuning(prometheus.url))
+    why = diagnostics(env, op, sims)
 
     phases: list[str] = []
     owned: list[Any] = []
@@ -190,7 +73,7 @@ def test_auto_mode_explores_promotes_and_cleans_up(
     # The promoted setting is what the Deployment runs, and what the status says.
     status = env.status()
     promoted = status["history"]["history"]["promotions"][-1][1]
-    wait_for(lambda: _arm_of(env.target_args()) == promoted, timeout=30, message="promotion")
+    wait_for(lambda: arm_of(env.target_args()) == promoted, timeout=30, message="promotion")
     wait_for(
         lambda: env.status()["applied"]["arm"] == promoted,
         timeout=40,
@@ -220,7 +103,7 @@ def test_auto_mode_explores_promotes_and_cleans_up(
         return False
 
     wait_for(gone, timeout=30, message="the SpecTuning's finalizer released")
-    assert _arm_of(env.target_args()) == promoted
+    assert arm_of(env.target_args()) == promoted
     assert not env.canaries()
 
 
@@ -237,8 +120,8 @@ def test_recommend_mode_never_changes_the_deployment(
     before = env.target()
     sims = sim_pods(namespace)
     op = start_operator(namespace)
-    env.create_spt(_spectuning(prometheus.url, mode="recommend"))
-    why = _diagnostics(env, op, sims)
+    env.create_spt(spectuning(prometheus.url, mode="recommend"))
+    why = diagnostics(env, op, sims)
 
     def recommended() -> dict[str, Any] | None:
         s = env.status()
@@ -267,14 +150,14 @@ def test_invalid_specs_are_refused_with_the_field_named(
 ) -> None:
     env = Env(cluster, namespace)
     # The API server refuses what its schema and CEL rules can see...
-    bad = _spectuning(prometheus.url, drafters=[{"name": "e3", "method": "eagle3"}])
+    bad = spectuning(prometheus.url, drafters=[{"name": "e3", "method": "eagle3"}])
     with pytest.raises(ApiException) as err:
         env.create_spt(bad)
     assert err.value.status == 422 and "model" in err.value.body
     # ...and the operator refuses what it does not implement, naming the field.
     env.create_target(["serve", MODEL])
     op = start_operator(namespace)
-    env.create_spt(_spectuning(prometheus.url, search={"window": "10s", "strategy": "inPlace"}))
+    env.create_spt(spectuning(prometheus.url, search={"window": "10s", "strategy": "inPlace"}))
 
     def invalid() -> dict[str, Any] | None:
         c = env.condition("Ready")
@@ -299,8 +182,8 @@ def test_human_edit_pauses_tuning_and_nothing_is_overwritten(
     env.create_target(["serve", MODEL])
     sims = sim_pods(namespace)
     op = start_operator(namespace)
-    env.create_spt(_spectuning(prometheus.url, search={"window": "20s", "maxTrials": 4}))
-    why = _diagnostics(env, op, sims)
+    env.create_spt(spectuning(prometheus.url, search={"window": "20s", "maxTrials": 4}))
+    why = diagnostics(env, op, sims)
     wait_for(
         lambda: "spectune.io/fingerprint" in (env.target().metadata.annotations or {}),
         timeout=60,
