@@ -185,17 +185,18 @@ class Controller:
             return
         phase = self.state.phase
         if phase is Phase.BASELINE:
-            await self._baseline_window()
+            await self._baseline_window(dep)
             self.state = replace(self.state, phase=Phase.EXPLORING)
         elif phase is Phase.EXPLORING:
             await self._explore(dep)
         else:
             await self._monitor(dep)
 
-    async def _baseline_window(self) -> WindowRecord:
+    async def _baseline_window(self, dep: Deployment) -> WindowRecord:
+        """One window of the incumbent alone, recorded with the arm it ran."""
         start, stats = await self._observe()
         w = WindowRecord(
-            start, self.clock.now(), stats.get(Group.INCUMBENT), stats.get(Group.CANARY)
+            start, self.clock.now(), stats.get(Group.INCUMBENT), None, dep.incumbent.name
         )
         self.history = self.history.add_baseline(w)
         return w
@@ -313,12 +314,12 @@ class Controller:
             )
             self._event("Promoted", f"{d.arm.name}: {d.reason}")
         else:
-            await self._baseline_window()
+            await self._baseline_window(dep)
 
     # -- monitoring ---------------------------------------------------------------------------
 
     async def _monitor(self, dep: Deployment) -> None:
-        w = await self._baseline_window()
+        w = await self._baseline_window(dep)
         now = self.clock.now()
         inc = w.incumbent
         if inc is None:

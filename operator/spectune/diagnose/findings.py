@@ -14,6 +14,7 @@ import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -360,17 +361,11 @@ def _speedup_interval(
     m_on, se_on = _mean_se(on)
     m_off, se_off = _mean_se(off)
     ratio = m_off / m_on
-    z = float(np.sqrt(2) * _erfinv(conf))
+    z = NormalDist().inv_cdf((1 + conf) / 2)
     log_se = math.sqrt((se_on / m_on) ** 2 + (se_off / m_off) ** 2)
     return ratio, ConfidenceInterval(
         low=ratio * math.exp(-z * log_se), high=ratio * math.exp(z * log_se), confidence=conf
     )
-
-
-def _erfinv(p: float) -> float:
-    from statistics import NormalDist
-
-    return NormalDist().inv_cdf((1 + p) / 2) / math.sqrt(2)
 
 
 def _gain(speedups: Sequence[float | None], best_k: int | None, k: int) -> float:

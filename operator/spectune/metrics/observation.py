@@ -278,16 +278,6 @@ def _int_label(labels: Mapping[str, str], key: str, current: int | None) -> int 
     return value if current is None else min(current, value)
 
 
-@dataclass
-class _PodWindow:
-    spec_drafts: float | None = None
-    spec_draft_tokens: float | None = None
-    spec_accepted: float | None = None
-    spec_emitted: float | None = None
-    per_pos: dict[int, float] = field(default_factory=dict)
-    reset: bool = False
-
-
 def _add(a: float | None, b: float | None) -> float | None:
     if b is None:
         return a

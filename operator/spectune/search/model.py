@@ -281,13 +281,14 @@ def build_beliefs(
             survival[d.name] = curve
 
     # Per-token latency of 'off' relative to the incumbent.
+    priors = _prior_costs(history)
     tau_off: float | None = None
     if incumbent.is_off:
         tau_off = 1.0
     elif OFF.name in measured and not math.isnan(measured[OFF.name].tpot_ratio):
         tau_off = measured[OFF.name].tpot_ratio
     else:
-        prior = _prior_costs(history).get(incumbent.drafter or "")
+        prior = priors.get(incumbent.drafter or "")
         if prior is not None and incumbent.drafter in survival:
             tau_off = inc_length / (1 + prior * incumbent.k)
             b.notes.append(f"off's latency inferred from the earlier draft cost c = {prior:.3f}")
@@ -310,7 +311,6 @@ def build_beliefs(
             den = sum(k * k for k in pts)
             c = sum(k * (r - 1) for k, r in pts.items()) / den if den else 0.0
             b.costs[drafter] = max(c, 0.0)
-    priors = _prior_costs(history)
     for d in space.drafters:
         if d.name not in cost_points and d.name in priors and tau_off is not None:
             cost_points[d.name] = {1: 1 + priors[d.name]}
