@@ -471,6 +471,17 @@ class Fleet:
             for req in waiting:
                 self._dispatch(req)
 
+    def inject(self, event: ModelVersionEvent | RouteMixEvent) -> AppliedEvent:
+        """Apply a ``model_version`` or ``route_mix`` event now, whatever its ``at_s``.
+
+        Server mode's ``POST /sim/events`` calls this, so a test can change the world of a
+        running replica (e.g. an acceptance drop) at a moment it chooses. The event has the
+        scenario file's meaning: ``acceptance_scale`` is relative to the file's alphas and
+        replaces any earlier scale; it applies to requests admitted from now on.
+        """
+        self._apply_event(event.model_copy(update={"at_s": self._now}))
+        return self._applied[-1]
+
     def _apply_event(self, ev: object) -> None:
         if isinstance(ev, ModelVersionEvent):
             self._version = ev.version

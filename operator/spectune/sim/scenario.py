@@ -42,6 +42,7 @@ __all__ = [
     "Target",
     "TokenDist",
     "UniformTokens",
+    "injectable_event",
     "load_scenario",
     "scenario_from_mapping",
 ]
@@ -342,6 +343,40 @@ def scenario_from_mapping(data: Mapping[str, Any]) -> Scenario:
     if problems:
         raise SpecError(_join(problems))
     return scenario
+
+
+def injectable_event(scenario: Scenario, data: object) -> ModelVersionEvent | RouteMixEvent:
+    """Validate one event to apply to a running replica (``sim serve``'s ``POST /sim/events``).
+
+    ``data`` is one entry of ``events`` in the scenario format; ``at_s`` may be left out (the
+    event applies when it arrives). Only ``model_version`` and ``route_mix`` can be injected:
+    the load profile is drawn into the arrival stream at start-up. Drafter and route names
+    are checked against ``scenario``. Raises :class:`SpecError` naming the field.
+    """
+    if not isinstance(data, Mapping):
+        raise SpecError("event: an event is a mapping such as {kind: model_version, ...}")
+    body = {"at_s": 0, **dict(data)}
+    kind = body.get("kind")
+    if kind not in ("model_version", "route_mix"):
+        raise SpecError(
+            f"event.kind: {kind!r} cannot be injected into a running replica; "
+            "use model_version or route_mix"
+        )
+    model = ModelVersionEvent if kind == "model_version" else RouteMixEvent
+    try:
+        event = model.model_validate(body)
+    except ValidationError as exc:
+        raise SpecError(
+            "; ".join(
+                f"event.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+        ) from None
+    checked = scenario.model_copy(update={"events": [event], "duration_s": math.inf})
+    problems = [p.replace("events[0]", "event", 1) for p in _cross_check(checked)]
+    problems = [p for p in problems if p.startswith("event")]
+    if problems:
+        raise SpecError(_join(problems))
+    return event
 
 
 def _join(problems: list[str]) -> str:

@@ -6,6 +6,15 @@ command-line arguments a vLLM container gets, so when the operator patches a Dep
 launches one process per pod and scrapes it like a real engine.
 
 It listens on loopback only: it is a stand-in for a pod, never a network service.
+
+Endpoints: ``GET /metrics`` (the engine's exposition page), ``GET /health``,
+``GET /sim/state`` (arm, phase, model version, simulated seconds, KV blocks, applied events)
+and ``POST /sim/events``, which applies one scenario event to the running replica now —
+a JSON object in the scenario format's ``events`` terms without ``at_s``, e.g.
+``{"kind": "model_version", "version": "v1", "acceptance_scale": {"eagle3": 0.5}}`` (an
+acceptance drop; the scale is relative to the file's alphas and replaces an earlier one)
+or ``{"kind": "route_mix", "shares": {"chat": 0.3}}``. A bad event is answered 400 with the
+field named; nothing changes.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from spectune.errors import SpecError
 from spectune.search.arms import Arm
 from spectune.sim.fleet import Fleet
-from spectune.sim.scenario import Scenario
+from spectune.sim.scenario import Scenario, injectable_event
 
 __all__ = ["SimServer", "arm_from_vllm_args", "model_name_from_vllm_args"]
 
@@ -120,6 +129,9 @@ class SimServer:
             def do_GET(self) -> None:
                 server._handle(self)
 
+            def do_POST(self) -> None:
+                server._handle_post(self)
+
             def log_message(self, format: str, *args: object) -> None:
                 return
 
@@ -178,11 +190,37 @@ class SimServer:
                         "model_version": self.fleet.model_version,
                         "sim_seconds": self.fleet.now,
                         "num_gpu_blocks": state.num_gpu_blocks,
+                        "events": [
+                            {"at_s": e.at_s, "kind": e.kind, "detail": e.detail}
+                            for e in self.fleet.applied_events
+                        ],
                     }
                 ).encode("utf-8")
             self._reply(req, 200, body, "application/json")
         else:
             self._reply(req, 404, b"not found\n", "text/plain")
+
+    def _handle_post(self, req: BaseHTTPRequestHandler) -> None:
+        if req.path.split("?", 1)[0] != "/sim/events":
+            self._reply(req, 404, b"not found\n", "text/plain")
+            return
+        try:
+            length = int(req.headers.get("Content-Length") or 0)
+            raw = req.rfile.read(min(length, 65536)) if length > 0 else b""
+            try:
+                data = json.loads(raw.decode("utf-8") or "null")
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise SpecError(f"event: the body is not JSON ({exc})") from None
+            event = injectable_event(self.fleet.scenario, data)
+            self._catch_up()
+            with self._lock:
+                applied = self.fleet.inject(event)
+        except SpecError as exc:
+            body = json.dumps({"error": str(exc)}).encode("utf-8")
+            self._reply(req, 400, body, "application/json")
+            return
+        answer = {"at_s": applied.at_s, "kind": applied.kind, "detail": applied.detail}
+        self._reply(req, 200, json.dumps(answer).encode("utf-8"), "application/json")
 
     @staticmethod
     def _reply(req: BaseHTTPRequestHandler, code: int, body: bytes, ctype: str) -> None:
