@@ -52,6 +52,7 @@ __all__ = [
     "SpecTuningSpec",
     "Strategy",
     "TargetRef",
+    "TrafficMix",
     "parse_spec",
 ]
 
@@ -155,7 +156,11 @@ class TargetRef(ApiModel):
 
 
 class SecretKeyRef(ApiModel):
-    """A key of a Secret in the SpecTuning's namespace."""
+    """A Secret in the SpecTuning's namespace holding Prometheus credentials.
+
+    A Secret of type ``kubernetes.io/basic-auth`` gives HTTP basic authentication (its
+    ``username`` and ``password`` keys); any other Secret gives a bearer token from ``key``.
+    """
 
     name: str = Field(
         min_length=1,
@@ -167,7 +172,10 @@ class SecretKeyRef(ApiModel):
         "token",
         min_length=1,
         max_length=253,
-        description="Key in the Secret whose value is the bearer token. Default token.",
+        description=(
+            "Key in the Secret whose value is the bearer token (ignored for a Secret of type "
+            "kubernetes.io/basic-auth, whose username and password keys are used). Default token."
+        ),
     )
 
 
@@ -180,7 +188,11 @@ class PrometheusMetrics(ApiModel):
     )
     auth_secret_ref: SecretKeyRef | None = Field(
         None,
-        description="Secret key holding a bearer token for Prometheus. Unset: no authentication.",
+        description=(
+            "Secret with the credentials for Prometheus: a bearer token, or username and "
+            "password for a Secret of type kubernetes.io/basic-auth. The operator reads it "
+            "with get on secrets. Unset: no authentication."
+        ),
     )
     selector: PromSelector | None = Field(
         None,
@@ -461,6 +473,30 @@ class DriftSpec(ApiModel):
     )
 
 
+class TrafficMix(ApiModel):
+    """A PromQL query whose result is the traffic mix; a large enough move re-opens the search."""
+
+    query: str = Field(
+        min_length=1,
+        max_length=4096,
+        description=(
+            "Instant PromQL query returning one series per route with its traffic, e.g. "
+            'sum by (route) (rate(http_requests_total{service="llama"}[10m])). Each '
+            "series' share of the total is its route's share of the mix. Required."
+        ),
+    )
+    threshold: float = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description=(
+            "Total variation distance between the mix the search ran on and the current mix "
+            "(half the sum of the absolute share changes, 0..1) beyond which the routes count "
+            "as changed, a fraction. Default 0.2."
+        ),
+    )
+
+
 class RetuneSpec(ApiModel):
     """When a converged setting is measured again."""
 
@@ -472,7 +508,17 @@ class RetuneSpec(ApiModel):
         ),
     )
     on_route_change: bool = Field(
-        True, description="Re-tune when the traffic routes change. Default true."
+        True,
+        description=(
+            "Re-tune when the traffic mix of trafficMix moves beyond its threshold. Default true."
+        ),
+    )
+    traffic_mix: TrafficMix | None = Field(
+        None,
+        description=(
+            "How to measure the traffic mix (needs metrics.prometheus). Unset: route changes "
+            "are not watched."
+        ),
     )
     every: Duration | None = Field(
         None, description="Re-tune this long after each convergence, a duration. Unset: never."
@@ -495,7 +541,13 @@ class SpecTuningSpec(ApiModel):
                     "message": "list at least one drafter when allowOff is false",
                     "fieldPath": ".drafters",
                     "reason": "FieldValueRequired",
-                }
+                },
+                {
+                    "rule": "!has(self.retune) || !has(self.retune.trafficMix) || "
+                    "has(self.metrics.prometheus)",
+                    "message": "trafficMix is a Prometheus query: set metrics.prometheus",
+                    "fieldPath": ".retune.trafficMix",
+                },
             ]
         }
     )
@@ -574,6 +626,10 @@ class SpecTuningSpec(ApiModel):
                     f"duplicate drafter name {d.name!r} (also drafters[{seen[d.name]}])",
                 )
             seen[d.name] = i
+        if self.retune.traffic_mix is not None and self.metrics.prometheus is None:
+            raise field_error(
+                "retune.trafficMix", "trafficMix is a Prometheus query: set metrics.prometheus"
+            )
         return self
 
 
