@@ -218,8 +218,8 @@ def dashboard() -> dict[str, Any]:
                     True,
                 ),
             ],
-            "Each SpecTuning: phase, applied k (0: off), trials, expected speedup, metric "
-            "windows lost in the last hour (from the operator's /metrics).",
+            "Each SpecTuning: phase, applied k (0: off), trials in its status (the latest 20), "
+            "expected speedup, metric windows lost in the last hour (from the operator's /metrics).",
             transformations=[
                 {"id": "merge", "options": {}},
                 {
@@ -228,7 +228,7 @@ def dashboard() -> dict[str, Any]:
                         "excludeByName": {"Time": True, "Value #A": True, "__name__": True},
                         "renameByName": {
                             "Value #B": "applied k",
-                            "Value #C": "trials",
+                            "Value #C": "trials in status",
                             "Value #D": "expected speedup",
                             "Value #E": "lost windows (1h)",
                         },
@@ -252,9 +252,12 @@ def dashboard() -> dict[str, Any]:
             "datasource": DS,
             "enable": True,
             "iconColor": "blue",
-            "expr": 'changes(spectune_trials{namespace=~"$namespace"}[2m]) > 0',
+            "expr": (
+                "sum by (namespace, name) "
+                '(increase(spectune_trials_started_total{namespace=~"$namespace"}[2m])) > 0'
+            ),
             "step": "1m",
-            "titleFormat": "Trial recorded",
+            "titleFormat": "Trial started",
             "textFormat": "{{namespace}}/{{name}}",
             "tagKeys": "namespace,name",
             "useValueForTime": False,

@@ -2,8 +2,14 @@
 
 ``spectune run`` builds one :class:`OperatorMetrics` at start-up (never at import: a registry
 of its own, so importing this module registers nothing) and puts it in kopf's ``memo``; the
-tuning loop (``k8s/tuning.py``) reports to it after every step. Every series is labelled
-with the SpecTuning's ``namespace`` and ``name``.
+tuning loop (``k8s/tuning.py``) reports to it after every step, and counts each trial it
+starts. Every series is labelled with the SpecTuning's ``namespace`` and ``name``.
+
+``spectune_trials`` is the number of trials *in the status*, which keeps only the latest 20,
+so it stops moving on a long search; ``spectune_trials_started_total`` is the counter to
+take ``increase()`` of (the SpecTuneTuningStuck alert and the dashboard's trial annotations
+do). It exists at 0 from the SpecTuning's first status write, so "no trial started" is a
+series with no increase rather than no series at all.
 """
 
 from __future__ import annotations
@@ -50,7 +56,16 @@ class OperatorMetrics:
             registry=r,
         )
         self.trials = Gauge(
-            "spectune_trials", "Trials recorded in the SpecTuning's history.", _LABELS, registry=r
+            "spectune_trials",
+            "Trials in the SpecTuning's status (the latest 20 at most).",
+            _LABELS,
+            registry=r,
+        )
+        self.trials_started = Counter(
+            "spectune_trials_started",
+            "Trials started (canaries launched for a candidate arm) since the operator started.",
+            _LABELS,
+            registry=r,
         )
         self.applied_k = Gauge(
             "spectune_applied_k",
@@ -76,7 +91,8 @@ class OperatorMetrics:
         start_http_server(port, registry=self.registry)
 
     def set_phase(self, namespace: str, name: str, phase: Phase) -> None:
-        """Mark ``phase`` as the current one."""
+        """Mark ``phase`` as the current one (and make the SpecTuning's trial counter exist)."""
+        self.trials_started.labels(namespace, name)
         for p in Phase:
             self.phase.labels(namespace, name, p.value).set(1.0 if p is phase else 0.0)
 
@@ -87,6 +103,7 @@ class OperatorMetrics:
             self.baseline_acceptance,
             self.drift_ratio,
             self.trials,
+            self.trials_started,
             self.applied_k,
             self.speedup,
             self.source_errors,

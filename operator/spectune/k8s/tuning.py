@@ -355,6 +355,8 @@ class TuningLoop:
     def _event(self, e: Event) -> None:
         kind = "Warning" if e.reason in _WARNINGS else "Normal"
         self._emit(kind, e.reason, e.message)
+        if e.reason == "TrialStarted" and self._telemetry is not None:
+            self._telemetry.trials_started.labels(self._ns, self._name).inc()
 
     async def _wait(self) -> None:
         await self._clock.sleep(self._settings.poll_s)

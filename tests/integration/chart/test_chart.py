@@ -10,6 +10,7 @@ SpecTuning is accepted, and ``helm uninstall`` leaves none of the release's obje
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -24,6 +25,7 @@ REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "spectune"
 RBAC = REPO / "deploy" / "rbac.yaml"
 RULES = REPO / "deploy" / "alerts" / "spectune-rules.yaml"
+RULE_TESTS = REPO / "deploy" / "alerts" / "spectune-rules.test.yaml"
 EXAMPLE = REPO / "examples" / "spectuning.yaml"
 
 ALL_OPTIONAL = [
@@ -166,6 +168,32 @@ def test_template_optional_objects(cluster_bin: Path) -> None:
     assert crd["spec"] == source["spec"]
     (sm,) = kinds["ServiceMonitor"]
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_promtool_unit_tests_pass_on_the_rendered_prometheusrule(
+    cluster_bin: Path, tmp_path: Path
+) -> None:
+    """The rules as the chart renders them (through Helm's YAML round trip) still pass the
+    promtool unit tests of deploy/alerts/: the PrometheusRule alerts exactly as the plain file."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: install Debian's prometheus package (hack/test.sh does)"
+    (rule,) = _by_kind(_template(cluster_bin, "--set", "prometheusRule.enabled=true"))[
+        "PrometheusRule"
+    ]
+    (tmp_path / "spectune-rules.yaml").write_text(
+        yaml.safe_dump({"groups": rule["spec"]["groups"]})
+    )
+    shutil.copy(RULE_TESTS, tmp_path / RULE_TESTS.name)
+    proc = subprocess.run(
+        [promtool, "test", "rules", RULE_TESTS.name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout + proc.stderr
 
 
 def test_schema_refuses_bad_values(cluster_bin: Path) -> None:

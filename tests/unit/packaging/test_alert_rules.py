@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spectune.api.status import Phase
+
 REPO = Path(__file__).resolve().parents[3]
 RULES = REPO / "deploy" / "alerts" / "spectune-rules.yaml"
 RULE_TESTS = REPO / "deploy" / "alerts" / "spectune-rules.test.yaml"
@@ -105,4 +107,38 @@ def test_chart_embeds_the_same_rules() -> None:
     assert CHART_RULES.read_bytes() == RULES.read_bytes(), (
         "charts/spectune/files/spectune-rules.yaml differs from deploy/alerts/spectune-rules.yaml;"
         " copy it: cp deploy/alerts/spectune-rules.yaml charts/spectune/files/"
+    )
+
+
+def test_rules_read_only_operator_metrics_that_the_operator_exports() -> None:
+    """An alert on a series the operator never exports would never fire."""
+    from spectune.k8s.telemetry import OperatorMetrics
+
+    families = list(OperatorMetrics().registry.collect())
+    exported = {f.name + ("_total" if f.type == "counter" else "") for f in families}
+    exprs = " ".join(str(r["expr"]) for r in _rules())
+    used = set(re.findall(r"\b(spectune_[a-z_]+)\b", exprs))
+    assert {"spectune_phase", "spectune_trials_started_total"} <= used
+    assert used <= exported, (
+        f"the rules read metrics the operator does not export: {used - exported}"
+    )
+
+
+def test_the_trial_counter_exists_before_the_first_trial() -> None:
+    """SpecTuneTuningStuck needs the counter at 0 for a SpecTuning that never starts a trial."""
+    from spectune.k8s.telemetry import OperatorMetrics
+
+    metrics = OperatorMetrics()
+    metrics.set_phase("llm", "t", Phase.BASELINE)  # what every status write does
+    value = metrics.registry.get_sample_value(
+        "spectune_trials_started_total", {"namespace": "llm", "name": "t"}
+    )
+    assert value == 0.0
+    metrics.trials_started.labels("llm", "t").inc()
+    metrics.forget("llm", "t")
+    assert (
+        metrics.registry.get_sample_value(
+            "spectune_trials_started_total", {"namespace": "llm", "name": "t"}
+        )
+        is None
     )
