@@ -2,7 +2,8 @@
 
 One per SpecTuning, built by ``handlers.py`` with the shared ApiClient from kopf's memo.
 The kubernetes client is synchronous; every call runs in a worker thread so the operator's
-event loop never blocks. Conflicts (409) are retried with a fresh read.
+event loop never blocks. Conflicts (409) are retried with a fresh read
+(:meth:`KubeActuator.patch_target`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ __all__ = ["ForbiddenError", "KubeActuator", "TargetMissingError", "api_error"]
 
 T = TypeVar("T")
 Obj = dict[str, Any]
+
+_CONFLICT_RETRIES = 5
+"""Patches of the target tried in a row while it keeps changing (HTTP 409)."""
 
 
 class TargetMissingError(SourceUnavailableError):
@@ -89,6 +93,21 @@ class KubeActuator:
         self._drafters = dict(drafters)
         self._replicas = canary_replicas
 
+    @property
+    def container(self) -> str | None:
+        """The engine container's name (None: the Deployment's only or first container)."""
+        return self._container
+
+    @property
+    def engine(self) -> str:
+        """The engine dialect of the target's arguments (``vllm`` or ``sglang``)."""
+        return self._engine
+
+    @property
+    def drafters(self) -> Mapping[str, DrafterArgs]:
+        """The SpecTuning's drafters by name."""
+        return self._drafters
+
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
@@ -117,6 +136,10 @@ class KubeActuator:
         except ApiException as exc:
             raise api_error(exc, "list canary Deployments") from None
         return [self._plain(d) for d in res.items]
+
+    async def pods(self, deployment: Obj) -> list[Obj]:
+        """The pods of ``deployment`` (for the target: its own, never its canaries')."""
+        return await self._pods(deployment)
 
     async def _pods(self, deployment: Obj) -> list[Obj]:
         match = deployment["spec"]["selector"].get("matchLabels") or {}
@@ -205,20 +228,55 @@ class KubeActuator:
 
     async def promote(self, arm: Arm) -> None:
         """Roll the target onto ``arm`` (strategic merge patch; retried on conflict)."""
-        for _ in range(5):
+        await self.patch_target(
+            lambda target: promote_patch(target, arm, self._drafters, self._container, self._engine)
+        )
+
+    async def patch_target(self, build: Callable[[Obj], Obj]) -> Obj:
+        """Patch the target with ``build(fresh target)``, guarded by its resourceVersion.
+
+        A conflict (HTTP 409: someone wrote the Deployment between our read and our patch)
+        is retried with a fresh read, so the patch is always computed from the current
+        object and another writer's change (an extra flag, an image bump) is never lost.
+        Returns the target as read for the patch that went through.
+        """
+        for _ in range(_CONFLICT_RETRIES):
             target = await self.read_target()
-            patch = promote_patch(target, arm, self._drafters, self._container, self._engine)
-            patch["metadata"]["resourceVersion"] = target["metadata"]["resourceVersion"]
+            patch = build(target)
+            patch.setdefault("metadata", {})["resourceVersion"] = target["metadata"][
+                "resourceVersion"
+            ]
             try:
                 await self._call(
                     self._apps.patch_namespaced_deployment, self._target, self._ns, patch
                 )
-                return
+                return target
             except ApiException as exc:
                 if exc.status == 409:
                     continue  # someone else wrote in between: read again and re-apply
+                if exc.status == 404:
+                    raise TargetMissingError(
+                        f"Deployment {self._ns}/{self._target} not found; waiting for it to exist"
+                    ) from None
                 raise api_error(exc, f"patch Deployment {self._ns}/{self._target}") from None
-        raise SourceUnavailableError(f"Deployment {self._target} kept changing; will retry")
+        raise SourceUnavailableError(
+            f"Deployment {self._ns}/{self._target} kept changing under "
+            f"{_CONFLICT_RETRIES} patches in a row (HTTP 409); will retry"
+        )
+
+    async def target_pods(self) -> list[Obj]:
+        """The target's own pods (never its canaries')."""
+        return await self._pods(await self.read_target())
+
+    async def canary_pods(self) -> list[Obj]:
+        """The pods of this SpecTuning's canary Deployment (none without a canary)."""
+        pods: list[Obj] = []
+        for c in await self._canaries():
+            pods += await self._pods(c)
+        return pods
+
+    async def settle(self) -> None:
+        """Nothing to finish: a canary is removed at once (the in-place actuator defers)."""
 
 
 def api_error(exc: ApiException, what: str) -> Exception:

@@ -13,7 +13,17 @@ Each turn of the loop re-reads the (live) spec and does one thing:
 * ``suspend: true``: canaries removed, the target left as it is, phase ``Suspended``;
 * ``mode: recommend``: observe the target's pods for one window, diagnose, write a
   recommendation (nothing is patched, no canary is created);
-* ``mode: auto``: one :meth:`~spectune.control.controller.Controller.step`, then the status.
+* ``mode: auto``: one :meth:`~spectune.control.controller.Controller.step`, then the status;
+* the target Deployment missing: canaries removed, a running trial aborted, phase
+  ``Degraded`` with ``Ready=False, reason=TargetMissing`` and a Warning event; tuning goes on
+  when it exists again (the search re-opens if it came back on another setting).
+
+Strategies: ``canary`` (``k8s/actuator.py``) clones the target per trial; ``inPlace``
+(``k8s/inplace.py``) patches the target itself, one trial at a time, and compares each trial
+window with the incumbent's most recent window at a similar load. Metrics come from
+Prometheus (authenticated from ``authSecretRef`` when set) or from the pods' own metrics
+pages (``metrics.scrape``), see ``k8s/sources.py``. A ``retune.trafficMix`` query turns
+route changes into a re-opened search (``k8s/routes.py``), with a ``RouteChange`` event.
 
 Metrics outages (DESIGN.md, issue E item 6): while the source fails the current setting is
 held, no trial is judged (the failed window is never recorded) and the condition
@@ -53,11 +63,12 @@ from spectune.api.status import (
     parse_status,
 )
 from spectune.control.controller import Controller, Event
-from spectune.control.groups import PairedSources
-from spectune.control.ports import Deployment, Group
+from spectune.control.controller import Phase as LoopPhase
+from spectune.control.groups import PairedSources, WindowedSource
+from spectune.control.ports import Deployment, Group, GroupMetrics
 from spectune.diagnose import diagnose
 from spectune.errors import NoDataError, SourceUnavailableError, SpecError, SpecTuneError
-from spectune.k8s.actuator import ForbiddenError, KubeActuator, api_error
+from spectune.k8s.actuator import ForbiddenError, KubeActuator, TargetMissingError, api_error
 from spectune.k8s.deployments import (
     ANNOTATION_FINGERPRINT,
     DrafterArgs,
@@ -67,7 +78,9 @@ from spectune.k8s.deployments import (
     fingerprint,
     human_edit,
     model_version,
+    spec_config_for,
 )
+from spectune.k8s.inplace import ANNOTATION_TRIAL, InPlaceActuator, InPlaceMetrics
 from spectune.k8s.projection import (
     ConditionUpdate,
     Memory,
@@ -78,7 +91,9 @@ from spectune.k8s.projection import (
     findings_of,
     load_memory,
 )
+from spectune.k8s.routes import RouteWatch, describe_move, encode_mix
 from spectune.k8s.series import canary_selector, target_selector
+from spectune.k8s.sources import AuthSecretError, PodsScrapeSource, prometheus_headers
 from spectune.k8s.telemetry import OperatorMetrics
 from spectune.metrics.observation import Observation
 from spectune.metrics.prometheus import PrometheusSource
@@ -105,6 +120,8 @@ EventSink = Callable[[str, str, str], None]
 """``(type, reason, message)``: posts a Kubernetes Event on the SpecTuning."""
 
 _WARNINGS = frozenset({"TrialAborted", "TrialInfeasible", "AcceptanceDrift", "HumanEdit"})
+_CONFLICT_RETRIES = 5
+"""Status writes tried in a row while they conflict (HTTP 409)."""
 _FORBIDDEN_RETRY_S = 5.0
 """Seconds (at least ``SPECTUNE_POLL_SECONDS``) before a forbidden call is tried again."""
 
@@ -128,7 +145,7 @@ class MetricsOutageError(SourceUnavailableError):
 class _RecordingMetrics:
     """GroupMetrics that remembers the last observations and names metric failures."""
 
-    def __init__(self, inner: PairedSources) -> None:
+    def __init__(self, inner: GroupMetrics) -> None:
         self._inner = inner
         self.last: Mapping[Group, Observation] = {}
 
@@ -146,26 +163,44 @@ class _SpecChangedError(SpecTuneError):
 
 
 class _TrackingActuator:
-    """The KubeActuator, remembering what it last saw (the canary's pods' selector needs it).
+    """The strategy's actuator, remembering what it last saw (the canary's pods need it).
 
     ``stale`` says whether the live spec moved on since this actuator was built: a step
     takes a whole window, and a canary started or a promotion made after the user asked for
     ``suspend: true`` (or any other spec change) would act on a spec that no longer holds.
     Removing canaries is always allowed.
+
+    With a :class:`~spectune.k8s.routes.RouteWatch`, the Deployment it reports carries the
+    routes fingerprint of the traffic mix (``reference`` is the one the search runs on).
     """
 
-    def __init__(self, inner: KubeActuator, stale: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        inner: KubeActuator | InPlaceActuator,
+        stale: Callable[[], bool] = lambda: False,
+        routes: RouteWatch | None = None,
+        reference: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self.inner = inner
         self.last: Deployment | None = None
         self._stale = stale
+        self._routes = routes
+        self._reference = reference
 
     def _check(self, what: str) -> None:
         if self._stale():
             raise _SpecChangedError(f"the spec changed during the step; not doing: {what}")
 
     async def deployment(self) -> Deployment:
-        self.last = await self.inner.deployment()
-        return self.last
+        dep = await self.inner.deployment()
+        if self._routes is not None:
+            dep = replace(dep, routes=await self._routes.routes(self._reference()))
+        self.last = dep
+        return dep
+
+    async def settle(self) -> None:
+        """Finish what the step left owed (an in-place rollback)."""
+        await self.inner.settle()
 
     async def start_canary(self, arm: Arm) -> None:
         self._check(f"start a canary on {arm.name}")
@@ -183,21 +218,13 @@ class _TrackingActuator:
 
 
 def check_supported(spec: SpecTuningSpec) -> None:
-    """Raise :class:`SpecError` naming a field this operator does not implement yet."""
-    if spec.search.strategy is Strategy.IN_PLACE:
-        raise SpecError(
-            "spec.search.strategy: inPlace is not implemented by this operator release; use canary"
-        )
-    if spec.metrics.prometheus is None:
-        raise SpecError(
-            "spec.metrics.scrape: direct pod scraping is not implemented by this operator "
-            "release; set spec.metrics.prometheus"
-        )
-    if spec.metrics.prometheus.auth_secret_ref is not None:
-        raise SpecError(
-            "spec.metrics.prometheus.authSecretRef: Prometheus authentication is not "
-            "implemented by this operator release"
-        )
+    """Raise :class:`SpecError` naming a field this operator does not implement.
+
+    Every field of this API version is implemented; the cross-field rules live in
+    :func:`~spectune.api.spec.parse_spec`. Kept as the one place a future field that a
+    release cannot honour yet is refused.
+    """
+    del spec
 
 
 def detect_engine(spec: SpecTuningSpec, target: Obj) -> Engine:
@@ -293,8 +320,11 @@ class TuningLoop:
         self._built: _Built | None = None
         self._failures = 0
         self._paused = False
-        self._canary_sources: dict[str, PrometheusSource] = {}
+        self._canary_sources: dict[str, WindowedSource] = {}
         self._denied: str | None = None
+        self._missing: str | None = None
+        """While the target is missing: the arm it ran before ("" when unknown)."""
+        self._rebuild = False
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -312,23 +342,54 @@ class TuningLoop:
         }
 
     async def _write(self, inputs: StatusInputs) -> None:
-        doc = build_status(self._status, inputs)
+        """Write the status built from ``inputs`` over the last one written.
+
+        A conflict (HTTP 409) is retried with the status read afresh: the conditions'
+        transition times and anything the inputs do not carry come from what the API server
+        holds now, and the loop's memory (history, state) comes from the inputs, so nothing
+        is lost.
+        """
+        for _ in range(_CONFLICT_RETRIES):
+            doc = build_status(self._status, inputs)
+            try:
+                await asyncio.to_thread(
+                    self._custom.patch_namespaced_custom_object_status,
+                    GROUP,
+                    VERSION,
+                    self._ns,
+                    PLURAL,
+                    self._name,
+                    {"status": doc},
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return  # deleted meanwhile
+                if exc.status == 409:
+                    await self._reread()
+                    continue
+                raise api_error(exc, f"write the status of {self._ns}/{self._name}") from None
+            self._status = parse_status(doc)
+            self._report(inputs.phase)
+            return
+        raise SourceUnavailableError(
+            f"the status of {self._ns}/{self._name} kept conflicting (HTTP 409) "
+            f"{_CONFLICT_RETRIES} times in a row; will retry"
+        )
+
+    async def _reread(self) -> None:
+        """Refresh the last written status from the API server (after a conflict)."""
         try:
-            await asyncio.to_thread(
-                self._custom.patch_namespaced_custom_object_status,
+            obj = await asyncio.to_thread(
+                self._custom.get_namespaced_custom_object,
                 GROUP,
                 VERSION,
                 self._ns,
                 PLURAL,
                 self._name,
-                {"status": doc},
             )
         except ApiException as exc:
-            if exc.status == 404:
-                return  # deleted meanwhile
-            raise api_error(exc, f"write the status of {self._ns}/{self._name}") from None
-        self._status = parse_status(doc)
-        self._report(inputs.phase)
+            raise api_error(exc, f"read {self._ns}/{self._name}") from None
+        self._status = _safe_status(obj if isinstance(obj, dict) else {})
 
     def _report(self, phase: Phase) -> None:
         t = self._telemetry
@@ -410,19 +471,85 @@ class TuningLoop:
             return
         if await self._conflict(spec):
             return
-        if spec.suspend:
-            await self._suspend(spec)
-            return
-        if spec.mode is Mode.RECOMMEND:
-            await self._recommend(spec)
-            return
         try:
+            if spec.suspend:
+                await self._suspend(spec)
+                return
+            if spec.mode is Mode.RECOMMEND:
+                await self._recommend(spec)
+                return
             await self._auto(spec)
+        except TargetMissingError as exc:
+            await self._target_missing(spec, str(exc))
         except ForbiddenError:
             raise
+        except AuthSecretError as exc:  # the user may create the Secret: look again later
+            self._built = None
+            await self._secret_missing(str(exc))
         except SpecError as exc:  # e.g. the target runs a drafter the spec does not list
             self._built = None
             await self._invalid(str(exc), gen)
+        else:
+            if self._missing is not None:
+                self._missing = None
+                self._emit("Normal", "TargetFound", f"Deployment {spec.target_ref.name} exists")
+
+    async def _target_missing(self, spec: SpecTuningSpec, message: str) -> None:
+        """The target is gone: remove the canaries, end a trial, say so, look again later."""
+        name = spec.target_ref.name
+        bare = KubeActuator(self._api, self._spt(), name, None, "vllm", {})
+        await bare.stop_canary()
+        b = self._built
+        if b is not None:
+            c = b.controller
+            running = c._running()
+            if running is not None:
+                c.history = c.history.update_last(
+                    running.ended(Outcome.ABORTED, f"the target Deployment {name} was deleted")
+                )
+            self._rebuild = True
+        if self._missing is None:
+            before = b.actuator.last if b is not None else None
+            self._missing = before.incumbent.name if before is not None else ""
+            self._emit(
+                "Warning",
+                "TargetMissing",
+                f"Deployment {self._ns}/{name} not found: canaries removed, tuning waits for it",
+            )
+        await self._write(
+            StatusInputs(
+                phase=Phase.DEGRADED,
+                generation=self._generation,
+                now=_now(),
+                memory=self._memory(),
+                conditions=(
+                    _cond(
+                        "Ready",
+                        False,
+                        "TargetMissing",
+                        f"{message}. The canaries were removed and no trial runs; tuning "
+                        f"goes on when Deployment {name} exists again (or fix "
+                        "spec.targetRef.name)",
+                    ),
+                ),
+            )
+        )
+        await self._wait()
+
+    async def _secret_missing(self, message: str) -> None:
+        await self._write(
+            StatusInputs(
+                phase=self._status.phase or Phase.BASELINE,
+                generation=self._generation,
+                now=_now(),
+                memory=self._memory(),
+                conditions=(
+                    _cond("Ready", False, "AuthSecretMissing", message),
+                    _cond("MetricsAvailable", False, "AuthSecretMissing", message),
+                ),
+            )
+        )
+        await self._clock.sleep(max(self._settings.poll_s, _FORBIDDEN_RETRY_S))
 
     async def _invalid(self, message: str, gen: int | None) -> None:
         await self._write(
@@ -475,10 +602,12 @@ class TuningLoop:
     async def _suspend(self, spec: SpecTuningSpec) -> None:
         actuator = self._built.actuator if self._built is not None else None
         if actuator is None:
-            actuator = _TrackingActuator(
-                KubeActuator(self._api, self._spt(), spec.target_ref.name, None, "vllm", {})
-            )
+            bare = KubeActuator(self._api, self._spt(), spec.target_ref.name, None, "vllm", {})
+            await bare.stop_canary()
+            target = await bare.read_target()
+            actuator = _TrackingActuator(self._strategy(spec, detect_engine(spec, target)))
         await actuator.stop_canary()
+        await actuator.settle()
         running = self._built.controller._running() if self._built is not None else None
         if self._built is not None and running is not None:
             c = self._built.controller
@@ -509,6 +638,73 @@ class TuningLoop:
 
     # -- auto mode ------------------------------------------------------------------------------
 
+    def _strategy(self, spec: SpecTuningSpec, engine: Engine) -> KubeActuator | InPlaceActuator:
+        """The actuator of ``spec.search.strategy`` for the target."""
+        kube = KubeActuator(
+            self._api,
+            self._spt(),
+            spec.target_ref.name,
+            spec.target_ref.container,
+            engine.value,
+            drafters_of(spec),
+            spec.search.canary_replicas,
+        )
+        if spec.search.strategy is Strategy.IN_PLACE:
+            return InPlaceActuator(kube)
+        return kube
+
+    async def _sources(
+        self, spec: SpecTuningSpec, actuator: _TrackingActuator
+    ) -> tuple[WindowedSource, Callable[[], WindowedSource | None], bool, PrometheusSource | None]:
+        """The target's source, the canary's (per trial), whether they wait, and Prometheus."""
+        s = self._settings
+        name = spec.target_ref.name
+        scrape = spec.metrics.scrape
+        if scrape is not None:
+            kube = KubeActuator(self._api, self._spt(), name, None, "vllm", {})
+            target = PodsScrapeSource(
+                kube.target_pods, scrape, f"Deployment {name}", self._clock.sleep
+            )
+
+            def scraped_canary() -> WindowedSource | None:
+                dep = actuator.last
+                if dep is None or dep.canary is None:
+                    return None
+                return PodsScrapeSource(
+                    kube.canary_pods, scrape, f"canary {dep.canary.name}", self._clock.sleep
+                )
+
+            return target, scraped_canary, True, None
+        prom = spec.metrics.prometheus
+        assert prom is not None  # parse_spec: exactly one of prometheus or scrape
+        url = s.prometheus_url or str(prom.url)
+        headers = await prometheus_headers(self._api, self._ns, prom.auth_secret_ref)
+        user = prom.selector
+        incumbent = PrometheusSource(url, target_selector(self._ns, name, user), headers=headers)
+
+        def canary() -> WindowedSource | None:
+            dep = actuator.last
+            if dep is None or dep.canary is None:
+                return None
+            cname = canary_name(name, dep.canary)
+            if cname not in self._canary_sources:
+                self._canary_sources[cname] = PrometheusSource(
+                    url, canary_selector(self._ns, cname, user), headers=headers
+                )
+            return self._canary_sources[cname]
+
+        return incumbent, canary, False, incumbent
+
+    def _route_change(
+        self, distance: float, old: Mapping[str, float], new: Mapping[str, float]
+    ) -> None:
+        self._emit(
+            "Normal",
+            "RouteChange",
+            f"the traffic mix moved by {distance:.2f} (total variation), beyond the threshold: "
+            f"{describe_move(old, new)}; the search re-opens (onRouteChange)",
+        )
+
     async def _build(self, spec: SpecTuningSpec) -> _Built:
         s = self._settings
         meta = self._body["metadata"]
@@ -516,37 +712,16 @@ class TuningLoop:
         target = await first.read_target()
         engine = detect_engine(spec, target)
         drafters = drafters_of(spec)
-        kube = KubeActuator(
-            self._api,
-            self._spt(),
-            spec.target_ref.name,
-            spec.target_ref.container,
-            engine.value,
-            drafters,
-            spec.search.canary_replicas,
-        )
+        inner = self._strategy(spec, engine)
+        if isinstance(inner, InPlaceActuator):
+            await first.stop_canary()  # canaries of an earlier canary strategy
+        elif ANNOTATION_TRIAL in (target.get("metadata", {}).get("annotations") or {}):
+            # An in-place trial left by an earlier inPlace strategy: back to its incumbent.
+            stray = InPlaceActuator(inner)
+            await stray.stop_canary()
+            await stray.settle()
         built_for = self._generation
-        actuator = _TrackingActuator(kube, lambda: self._generation != built_for)
-        prom = spec.metrics.prometheus
-        assert prom is not None  # check_supported
-        url = s.prometheus_url or str(prom.url)
-        user = prom.selector
-        incumbent = PrometheusSource(url, target_selector(self._ns, spec.target_ref.name, user))
-
-        def canary() -> PrometheusSource | None:
-            dep = actuator.last
-            if dep is None or dep.canary is None:
-                return None
-            name = canary_name(spec.target_ref.name, dep.canary)
-            if name not in self._canary_sources:
-                self._canary_sources[name] = PrometheusSource(
-                    url, canary_selector(self._ns, name, user)
-                )
-            return self._canary_sources[name]
-
-        metrics = _RecordingMetrics(
-            PairedSources(incumbent, canary, self._clock.sleep, waits=False)
-        )
+        prior = self._built.controller if self._built is not None else None
         cfg = to_controller_config(spec, seed=_seed(str(meta.get("uid", self._name))))
         every = cfg.retune_every_s
         cfg = replace(
@@ -557,14 +732,56 @@ class TuningLoop:
             poll_s=s.poll_s,
             ready_timeout_s=s.scaled(s.ready_timeout_s),
         )
-        if self._built is not None:
+        if prior is not None:
             memory = Memory(
-                self._built.controller.history,
-                self._built.controller.state,
-                self._built.original,
+                prior.history, prior.state, self._built.original if self._built else None
             )
         else:
             memory = load_memory(self._status.history)
+        holder: list[Controller] = []
+        mix = spec.retune.traffic_mix
+        routes = None
+        prom_source: PrometheusSource | None = None
+        actuator = _TrackingActuator(
+            inner,
+            lambda: self._generation != built_for,
+            None,
+            lambda: holder[0].state.routes if holder else None,
+        )
+        incumbent, canary, waits, prom_source = await self._sources(spec, actuator)
+        if mix is not None and spec.retune.on_route_change and prom_source is not None:
+            routes = RouteWatch(prom_source.query, mix.query, mix.threshold, self._route_change)
+            actuator._routes = routes
+        inner_metrics: GroupMetrics
+        if isinstance(inner, InPlaceActuator):
+
+            def arms() -> tuple[str | None, str | None]:
+                dep = actuator.last
+                if dep is None:
+                    return None, None
+                trial = dep.canary.name if dep.canary is not None and dep.canary_ready else None
+                return dep.incumbent.name, trial
+
+            past = None
+            if prom_source is not None:
+                src = prom_source
+
+                async def past(window_s: float, end_s: float) -> Observation:
+                    return await src.observe(window_s, at=end_s)
+
+            inner_metrics = InPlaceMetrics(
+                incumbent,
+                arms,
+                lambda: holder[0].history,
+                self._clock.now,
+                self._clock.sleep,
+                waits,
+                past,
+                cfg.load_shift,
+            )
+        else:
+            inner_metrics = PairedSources(incumbent, canary, self._clock.sleep, waits=waits)
+        metrics = _RecordingMetrics(inner_metrics)
         controller = Controller(
             policy=SpectunePolicy(),
             actuator=actuator,
@@ -577,12 +794,14 @@ class TuningLoop:
             state=memory.state,
             on_event=self._event,
         )
+        holder.append(controller)
         original = memory.original
         if original is None:
             original = arm_from_spec(
                 current_spec(target, spec.target_ref.container, engine.value), drafters
             ).name
         built = _Built(self._generation, spec, engine, controller, actuator, metrics, original)
+        self._rebuild = False
         await self._resume_canary(built)
         return built
 
@@ -592,12 +811,13 @@ class TuningLoop:
         dep = await b.actuator.deployment()
         if running is None and dep.canary is not None:
             await b.actuator.stop_canary()
+            await b.actuator.settle()
         elif running is not None and (dep.canary is None or dep.canary.name != running.arm):
             await b.actuator.start_canary(parse_arm(running.arm))
 
     async def _auto(self, spec: SpecTuningSpec) -> None:
         gen = self._generation
-        if self._built is None or self._built.generation != gen:
+        if self._built is None or self._built.generation != gen or self._rebuild:
             self._built = await self._build(spec)
         b = self._built
         kube = b.actuator.inner
@@ -611,6 +831,27 @@ class TuningLoop:
             await self._pause(b, target)
             return
         self._paused = False
+        c = b.controller
+        if self._missing:  # the target is back: on another setting, the search starts over
+            now_arm = arm_from_spec(current_spec(target, container, engine), drafters_of(spec))
+            if now_arm.name != self._missing:
+                await c._retune(
+                    f"the target Deployment came back running {now_arm.name}, not {self._missing}"
+                )
+        if spec.search.strategy is Strategy.IN_PLACE:
+            # A trial window's incumbent is an earlier window of the same pods, so the
+            # controller's service rate (incumbent + canary requests) would count the
+            # traffic twice while exploring and see a load move that is not there. The
+            # incumbent windows are chosen at the trial's load instead (InPlaceMetrics).
+            exploring = c.state.phase is LoopPhase.EXPLORING
+            base = to_controller_config(spec).load_shift
+            c.config = replace(c.config, load_shift=math.inf if exploring else base)
+        if self._routes_unset(b):
+            watch = b.actuator._routes
+            assert watch is not None
+            mix = await watch.measure()
+            if mix:
+                c.state = replace(c.state, routes=encode_mix(mix))
         conditions = [_cond("Ready", True, "Tuning", "tuning runs")]
         phase = api_phase(b.controller.state.phase)
         if self._status.phase is not phase:
@@ -625,7 +866,10 @@ class TuningLoop:
                 )
             )
         try:
-            await b.controller.step()
+            try:
+                await b.controller.step()
+            finally:
+                await b.actuator.settle()
             self._failures = 0
             conditions.append(
                 _cond(
@@ -640,7 +884,6 @@ class TuningLoop:
         except _SpecChangedError as exc:
             log.info("%s/%s: %s", self._ns, self._name, exc)
             return  # the next turn reads the new spec (suspend, mode, search ...)
-        c = b.controller
         dep = b.actuator.last
         applied = dep.incumbent if dep is not None else None
         await self._write(
@@ -652,7 +895,7 @@ class TuningLoop:
                 memory=Memory(c.history, c.state, b.original),
                 applied=applied,
                 fingerprint=(
-                    fingerprint(current_spec(target, container, engine))
+                    fingerprint(spec_config_for(applied, drafters_of(spec)))
                     if applied is not None
                     else None
                 ),
@@ -666,6 +909,15 @@ class TuningLoop:
             )
         )
 
+    def _routes_unset(self, b: _Built) -> bool:
+        """Whether a traffic mix is watched but the search has no reference mix yet.
+
+        The controller records the routes when a search first starts; a SpecTuning that
+        gained ``trafficMix`` later (or a reference lost to a failed query) gets it here.
+        """
+        st = b.controller.state
+        return b.actuator._routes is not None and st.model_version is not None and not st.routes
+
     async def _outage(self, b: _Built, why: str) -> ConditionUpdate:
         self._failures += 1
         if self._telemetry is not None:
@@ -678,8 +930,14 @@ class TuningLoop:
             reason = f"metrics unavailable for {self._failures} consecutive windows"
             c.history = c.history.update_last(running.ended(Outcome.ABORTED, reason))
             await b.actuator.stop_canary()
-            self._emit("Warning", "TrialAborted", f"{running.arm}: {reason}; canary removed")
-            message += f"; trial {running.arm} ended and its canary removed"
+            await b.actuator.settle()
+            where = (
+                "the target returned to the incumbent"
+                if isinstance(b.actuator.inner, InPlaceActuator)
+                else "canary removed"
+            )
+            self._emit("Warning", "TrialAborted", f"{running.arm}: {reason}; {where}")
+            message += f"; trial {running.arm} ended and {where}"
         else:
             await self._clock.sleep(min(self._settings.poll_s, c.config.window_s))
         return _cond("MetricsAvailable", False, "SourceUnavailable", message)
@@ -694,6 +952,7 @@ class TuningLoop:
                     running.ended(Outcome.ABORTED, "the target was edited by hand")
                 )
             await b.actuator.stop_canary()
+            await b.actuator.settle()  # an in-place trial: the edit is kept, not rolled back
             self._emit(
                 "Warning",
                 "HumanEdit",
@@ -742,16 +1001,11 @@ class TuningLoop:
 
     async def _recommend(self, spec: SpecTuningSpec) -> None:
         s = self._settings
-        prom = spec.metrics.prometheus
-        assert prom is not None
-        url = s.prometheus_url or str(prom.url)
         kube = KubeActuator(self._api, self._spt(), spec.target_ref.name, None, "vllm", {})
         target = await kube.read_target()
         engine = detect_engine(spec, target)
         container = spec.target_ref.container
-        source = PrometheusSource(
-            url, target_selector(self._ns, spec.target_ref.name, prom.selector)
-        )
+        source, _, waits, _ = await self._sources(spec, _TrackingActuator(kube))
         window = s.scaled(parse_window(spec))
         gen = self._generation
         if self._status.phase is None or self._status.phase is Phase.FAILED:
@@ -771,7 +1025,8 @@ class TuningLoop:
                     model_version=model_version(target, container, engine.value),
                 )
             )
-        await self._clock.sleep(window)
+        if not waits:
+            await self._clock.sleep(window)
         try:
             obs = await source.observe(window)
         except NoDataError as exc:
@@ -886,7 +1141,8 @@ async def cleanup(api: k8s.ApiClient, body: Mapping[str, Any]) -> str:
     """On deletion: remove the canaries; restore the original setting when asked.
 
     Returns what was done, for the log. The target otherwise stays on the last promoted
-    setting. An invalid spec still gets its canaries removed (they are found by label).
+    setting: an in-place trial under way is rolled back to it. An invalid spec still gets its
+    canaries removed (they are found by label).
     """
     meta = body["metadata"]
     spt = {
@@ -902,23 +1158,30 @@ async def cleanup(api: k8s.ApiClient, body: Mapping[str, Any]) -> str:
         spec = parse_spec(raw_spec)
     except SpecError:
         return "canaries removed (the spec is invalid, the target is untouched)"
-    if not spec.restore_on_delete or spec.mode is Mode.RECOMMEND:
-        return "canaries removed; the target stays on its current setting"
-    memory = load_memory(_safe_status(body).history)
-    if memory.original is None:
-        return "canaries removed; no original setting recorded, the target is untouched"
     try:
         target = await bare.read_target()
-    except SourceUnavailableError:
+    except TargetMissingError:
         return "canaries removed; the target is gone"
     engine = detect_engine(spec, target)
     kube = KubeActuator(
         api, spt, spec.target_ref.name, spec.target_ref.container, engine.value, drafters_of(spec)
     )
+    done = "canaries removed"
+    if ANNOTATION_TRIAL in (target.get("metadata", {}).get("annotations") or {}):
+        in_place = InPlaceActuator(kube)
+        await in_place.stop_canary()
+        await in_place.settle()
+        target = await bare.read_target()
+        done = "the in-place trial rolled back"
+    if not spec.restore_on_delete or spec.mode is Mode.RECOMMEND:
+        return f"{done}; the target stays on its current setting"
+    memory = load_memory(_safe_status(body).history)
+    if memory.original is None:
+        return f"{done}; no original setting recorded, the target is untouched"
     current = arm_from_spec(
         current_spec(target, spec.target_ref.container, engine.value), drafters_of(spec)
     )
     if current.name == memory.original:
-        return f"canaries removed; the target already runs the original {memory.original}"
+        return f"{done}; the target already runs the original {memory.original}"
     await kube.promote(parse_arm(memory.original))
-    return f"canaries removed; the target restored to its original {memory.original}"
+    return f"{done}; the target restored to its original {memory.original}"

@@ -1,0 +1,216 @@
+"""Fakes of the cluster and Prometheus for driving the real tuning loop in unit tests.
+
+:class:`FakeWorld` holds one target Deployment (a plain dict), the canary arms, the status
+writes and the events. :class:`FakeKube` stands in for ``KubeActuator`` and
+:class:`FakeProm` for ``PrometheusSource`` (tests monkeypatch them into
+``spectune.k8s.tuning``); :class:`FakeCustom` stands in for the CustomObjectsApi of the
+SpecTuning. None of them touches a network: they are fakes, and the tests say so.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from kubernetes.client.exceptions import ApiException
+
+from spectune.control.ports import Deployment
+from spectune.errors import SourceUnavailableError
+from spectune.k8s.actuator import TargetMissingError
+from spectune.k8s.deployments import (
+    ANNOTATION_FINGERPRINT,
+    DrafterArgs,
+    arm_from_spec,
+    current_spec,
+    fingerprint,
+    model_version,
+    promote_patch,
+)
+from spectune.metrics.observation import Observation
+from spectune.search.arms import Arm
+
+Obj = dict[str, Any]
+MODEL = "meta-llama/Llama-3.1-70B-Instruct"
+EAGLE = "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"
+
+
+def target(args: list[str] | None = None) -> Obj:
+    """A one-replica vLLM Deployment, rolled out and ready."""
+    return {
+        "metadata": {"name": "llama", "namespace": "ns", "resourceVersion": "1",
+                     "generation": 1, "annotations": {}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "llama"}},
+            "template": {"spec": {"containers": [
+                {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                 "args": list(args or ["serve", MODEL])}]}},
+        },
+        "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
+                   "availableReplicas": 1},
+    }  # fmt: skip
+
+
+def _merge(into: Obj, patch: Mapping[str, Any]) -> None:
+    """JSON merge patch, with containers merged by name (as a strategic merge patch does)."""
+    for k, v in patch.items():
+        if v is None:
+            into.pop(k, None)
+        elif k == "containers":
+            for c in v:
+                mine = next(x for x in into[k] if x["name"] == c["name"])
+                _merge(mine, c)
+        elif isinstance(v, Mapping) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = copy.deepcopy(v)
+
+
+@dataclass
+class FakeWorld:
+    """The fake cluster: the target, the canaries, what the operator wrote."""
+
+    target: Obj | None = field(default_factory=target)
+    canaries: list[Arm] = field(default_factory=list)
+    status_writes: list[Obj] = field(default_factory=list)
+    status: Obj = field(default_factory=dict)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    conflicts: int = 0
+    """Status patches still to answer with HTTP 409 (then the write goes through)."""
+    answered_409: int = 0
+    failing: bool = False
+    """Whether Prometheus fails (connection refused) for every window."""
+    mix: list[Obj] = field(default_factory=list)
+    """The traffic-mix query's result rows."""
+    observation: Observation | None = None
+    canary_stops: int = 0
+
+    def patch_target(self, patch: Mapping[str, Any]) -> None:
+        assert self.target is not None
+        before = copy.deepcopy(self.target["spec"]["template"])
+        body = {k: v for k, v in patch.items() if k != "metadata"}
+        meta = dict(patch.get("metadata") or {})
+        meta.pop("resourceVersion", None)
+        _merge(self.target, {"metadata": meta, **body})
+        self.target["metadata"]["resourceVersion"] = str(
+            int(self.target["metadata"]["resourceVersion"]) + 1
+        )
+        if self.target["spec"]["template"] != before:
+            # The Deployment controller rolls it out at once (kwok-fast).
+            self.target["metadata"]["generation"] += 1
+            self.target["status"]["observedGeneration"] = self.target["metadata"]["generation"]
+
+    def reasons(self) -> list[str]:
+        return [r for _, r, _ in self.events]
+
+
+class FakeKube:
+    """A fake ``KubeActuator`` over :attr:`world` (see the module docstring)."""
+
+    world: ClassVar[FakeWorld]
+
+    def __init__(
+        self,
+        api: Any,
+        spt: Obj,
+        target: str,
+        container: str | None,
+        engine: str,
+        drafters: Mapping[str, DrafterArgs],
+        canary_replicas: int = 1,
+    ) -> None:
+        self.container, self.engine, self.drafters = container, engine, dict(drafters)
+        self._name = target
+
+    async def read_target(self) -> Obj:
+        if self.world.target is None:
+            raise TargetMissingError(f"Deployment ns/{self._name} not found; waiting for it")
+        return copy.deepcopy(self.world.target)
+
+    async def pods(self, deployment: Obj) -> list[Obj]:
+        return []
+
+    async def target_pods(self) -> list[Obj]:
+        return []
+
+    async def canary_pods(self) -> list[Obj]:
+        return []
+
+    async def deployment(self) -> Deployment:
+        t = await self.read_target()
+        arm = arm_from_spec(current_spec(t, self.container, self.engine), self.drafters)
+        canary = self.world.canaries[0] if self.world.canaries else None
+        return Deployment(
+            arm, canary, canary is not None, None, False, model_version(t, None, "vllm")
+        )
+
+    async def start_canary(self, arm: Arm) -> None:
+        self.world.canaries = [arm]
+
+    async def stop_canary(self) -> None:
+        if self.world.canaries:
+            self.world.canary_stops += 1
+        self.world.canaries = []
+
+    async def adopt(self, target: Obj) -> None:
+        spec = current_spec(target, self.container, self.engine)
+        self.world.patch_target({"metadata": {"annotations": {
+            ANNOTATION_FINGERPRINT: fingerprint(spec)}}})  # fmt: skip
+
+    async def patch_target(self, build: Any) -> Obj:
+        t = await self.read_target()
+        self.world.patch_target(build(t))
+        return t
+
+    async def promote(self, arm: Arm) -> None:
+        await self.patch_target(
+            lambda t: promote_patch(t, arm, self.drafters, self.container, self.engine)
+        )
+
+    async def settle(self) -> None:
+        return None
+
+
+class FakeProm:
+    """A fake ``PrometheusSource``: fails like an unreachable server, or answers the world's."""
+
+    world: ClassVar[FakeWorld]
+
+    def __init__(self, url: str, selector: str, **_: Any) -> None:
+        self.url = url
+
+    async def observe(self, window_s: float, at: float | None = None) -> Observation:
+        if self.world.failing or self.world.observation is None:
+            raise SourceUnavailableError(f"cannot reach Prometheus at {self.url}: refused")
+        return self.world.observation
+
+    async def query(self, promql: str, at: float | None = None) -> list[Obj]:
+        if self.world.failing:
+            raise SourceUnavailableError(f"cannot reach Prometheus at {self.url}: refused")
+        return copy.deepcopy(self.world.mix)
+
+
+class FakeCustom:
+    """A fake CustomObjectsApi for one SpecTuning: lists it, reads and patches its status."""
+
+    def __init__(self, world: FakeWorld, body: Obj) -> None:
+        self.world = world
+        self.body = body
+
+    def list_namespaced_custom_object(self, *_: Any) -> Obj:
+        return {"items": [self.body]}
+
+    def get_namespaced_custom_object(self, *_: Any) -> Obj:
+        return {**self.body, "status": copy.deepcopy(self.world.status)}
+
+    def patch_namespaced_custom_object_status(self, *args: Any) -> Obj:
+        if self.world.conflicts > 0:
+            self.world.conflicts -= 1
+            self.world.answered_409 += 1
+            raise ApiException(status=409, reason="Conflict")
+        doc = args[-1]["status"]
+        self.world.status_writes.append(copy.deepcopy(doc))
+        self.world.status = copy.deepcopy(doc)
+        return {}

@@ -1,0 +1,270 @@
+"""The operator's tuning loop turn by turn, over fakes of the cluster and of Prometheus.
+
+The real :class:`~spectune.k8s.tuning.TuningLoop` runs here (its controller, policy, status
+projection and events); only the Kubernetes actuator, the Prometheus source and the
+SpecTuning's API are fakes (``fakes.py``), so each behaviour a user would see in the status
+and the events is checked in milliseconds. The integration tier checks the same behaviours
+on a real API server.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from spectune.control.controller import ControllerState
+from spectune.control.controller import Phase as LoopPhase
+from spectune.k8s import tuning
+from spectune.k8s.deployments import model_version
+from spectune.k8s.projection import Memory
+from spectune.search.history import History, TrialRecord
+from spectune.settings import Settings
+from tests.unit.operator.fakes import EAGLE, FakeCustom, FakeKube, FakeProm, FakeWorld, target
+
+TRIAL = "eagle3/3"
+
+
+class FakeClock:
+    """Virtual time: sleeping advances it at once."""
+
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def _body(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "spectune.io/v1alpha1",
+        "kind": "SpecTuning",
+        "metadata": {"name": "tune", "namespace": "ns", "uid": "u-1", "generation": 1,
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {
+            "targetRef": {"name": "llama", "container": "vllm"},
+            "engine": "vllm",
+            "metrics": {"prometheus": {"url": "http://prometheus:9090"}},
+            "drafters": [{"name": "eagle3", "method": "eagle3", "model": EAGLE, "maxK": 3}],
+            "search": {"window": "10s"},
+            **spec,
+        },
+    }  # fmt: skip
+    return body
+
+
+def _mid_trial(body: dict[str, Any]) -> None:
+    """Give the SpecTuning a status whose history has a trial of eagle3/3 under way."""
+    history = History().add_trial(TrialRecord(arm=TRIAL, incumbent="off", epoch=0, started_s=0))
+    version = model_version(target(), "vllm", "vllm")
+    state = ControllerState(phase=LoopPhase.EXPLORING, model_version=version, routes=None)
+    body["status"] = {"phase": "Exploring", "history": Memory(history, state, "off").to_json()}
+
+
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch) -> FakeWorld:
+    w = FakeWorld()
+    FakeKube.world = w
+    FakeProm.world = w
+    monkeypatch.setattr(tuning, "KubeActuator", FakeKube)
+    monkeypatch.setattr(tuning, "PrometheusSource", FakeProm)
+    return w
+
+
+def _loop(world: FakeWorld, body: dict[str, Any], failures: int = 3) -> tuning.TuningLoop:
+    settings = Settings(poll_s=1.0, metrics_failures=failures, metrics_port=0, liveness_port=0)
+
+    def emit(kind: str, reason: str, message: str) -> None:
+        world.events.append((kind, reason, message))
+
+    loop = tuning.TuningLoop(None, body, settings, FakeClock(), None, emit)  # type: ignore[arg-type]
+    loop._custom = FakeCustom(world, body)  # type: ignore[assignment]
+    return loop
+
+
+def _condition(world: FakeWorld, type_: str) -> dict[str, Any]:
+    return next(c for c in world.status["conditions"] if c["type"] == type_)
+
+
+def _trials(world: FakeWorld) -> list[dict[str, Any]]:
+    return list(world.status.get("trials") or [])
+
+
+# -- metrics outage during a trial (issue E item 6) ---------------------------------------------
+
+
+async def test_n_failed_windows_during_a_trial_end_it_and_return_traffic(world: FakeWorld) -> None:
+    """With SPECTUNE_METRICS_FAILURES=3 and Prometheus refusing every query (a fake), the
+    trial goes on through two failed windows, holding everything; the third ends it
+    (aborted, with the reason), removes its canary so all traffic returns to the incumbent,
+    and posts a TrialAborted warning. The target is never touched."""
+    body = _body()
+    _mid_trial(body)
+    world.failing = True
+    loop = _loop(world, body, failures=3)
+    args = copy.deepcopy(world.target["spec"]["template"])  # type: ignore[index]
+
+    await loop.turn()  # resumes the trial's canary, then a failed window
+    assert world.canaries and world.canaries[0].name == TRIAL
+    await loop.turn()
+    cond = _condition(world, "MetricsAvailable")
+    assert cond["status"] == "False" and "2 window(s) in a row" in cond["message"], cond
+    assert _trials(world)[-1]["outcome"] == "running"
+    assert world.canaries, "the canary went before N failures"
+    assert "TrialAborted" not in world.reasons()
+
+    await loop.turn()
+    trial = _trials(world)[-1]
+    assert trial["arm"] == TRIAL and trial["outcome"] == "aborted", trial
+    assert "3 consecutive windows" in trial["reason"], trial
+    assert not world.canaries and world.canary_stops == 1
+    kind, _, message = next(e for e in world.events if e[1] == "TrialAborted")
+    assert kind == "Warning" and "canary removed" in message, message
+    cond = _condition(world, "MetricsAvailable")
+    assert "ended and canary removed" in cond["message"], cond
+    assert world.target["spec"]["template"] == args  # type: ignore[index]
+
+    # Still down: the setting is held and no new trial starts.
+    await loop.turn()
+    assert not world.canaries
+    assert _trials(world)[-1]["outcome"] == "aborted"
+
+
+async def test_a_failed_window_before_n_keeps_the_trial(world: FakeWorld) -> None:
+    """One failed window, then Prometheus answers nothing new to judge: the count of failures
+    is per run of failures, and a single failure never ends a trial."""
+    body = _body()
+    _mid_trial(body)
+    world.failing = True
+    loop = _loop(world, body, failures=2)
+    await loop.turn()
+    assert _trials(world)[-1]["outcome"] == "running"
+    assert world.canaries
+
+
+# -- the target deleted while tuning (issue G) ---------------------------------------------------
+
+
+async def test_target_deleted_removes_canaries_reports_it_and_resumes(world: FakeWorld) -> None:
+    body = _body()
+    _mid_trial(body)
+    world.failing = True
+    loop = _loop(world, body)
+    await loop.turn()
+    assert world.canaries
+
+    saved = world.target
+    world.target = None
+    await loop.turn()
+    assert not world.canaries, "the canary outlived its target"
+    assert world.status["phase"] == "Degraded"
+    ready = _condition(world, "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "TargetMissing", ready
+    assert "llama" in ready["message"] and "not found" in ready["message"], ready
+    assert _trials(world)[-1]["outcome"] == "aborted"
+    assert "deleted" in _trials(world)[-1]["reason"]
+    await loop.turn()
+    assert world.reasons().count("TargetMissing") == 1, "one event, not one per turn"
+
+    world.target = saved
+    await loop.turn()
+    assert world.status["phase"] != "Degraded"
+    assert _condition(world, "Ready")["reason"] == "Tuning"
+    assert "TargetFound" in world.reasons()
+    # Back on the same setting: the search goes on (no re-tune).
+    assert "Retune" not in world.reasons()
+
+
+async def test_target_back_on_another_setting_reopens_the_search(world: FakeWorld) -> None:
+    body = _body()
+    _mid_trial(body)
+    world.failing = True
+    loop = _loop(world, body)
+    await loop.turn()
+    saved = world.target
+    world.target = None
+    await loop.turn()
+    model = saved["spec"]["template"]["spec"]["containers"][0]["args"][1]  # type: ignore[index]
+    config = json.dumps({"method": "eagle3", "model": EAGLE, "num_speculative_tokens": 2})
+    back = target(["serve", model, "--speculative-config", config])
+    world.target = back
+    await loop.turn()
+    retune = [m for _, r, m in world.events if r == "Retune"]
+    assert retune and "came back running eagle3/2" in retune[0], world.events
+
+
+# -- a status write that conflicts (issue G) -----------------------------------------------------
+
+
+async def test_status_conflict_is_retried_with_fresh_state(world: FakeWorld) -> None:
+    """The API server answers the first status patch with 409 (a fake): the loop reads the
+    SpecTuning again and writes once more; the trial history is all there."""
+    body = _body()
+    _mid_trial(body)
+    world.failing = True
+    world.status = copy.deepcopy(body["status"])
+    world.conflicts = 1
+    loop = _loop(world, body)
+    await loop.turn()
+    assert world.answered_409 == 1
+    assert world.status_writes, "nothing was written after the conflict"
+    trials = _trials(world)
+    assert [t["arm"] for t in trials] == [TRIAL], trials
+    assert world.status["history"]["history"]["trials"], world.status["history"]
+
+
+# -- a route change from the traffic-mix query (issue E item 5) ----------------------------------
+
+
+def _mix(chat: float, code: float) -> list[dict[str, Any]]:
+    return [
+        {"metric": {"route": "chat"}, "value": [0, str(chat)]},
+        {"metric": {"route": "code"}, "value": [0, str(code)]},
+    ]
+
+
+async def test_traffic_mix_move_beyond_threshold_reopens_the_search(world: FakeWorld) -> None:
+    body = _body(retune={"trafficMix": {"query": "sum by (route) (rate(x[5m]))",
+                                        "threshold": 0.2}})  # fmt: skip
+    _mid_trial(body)
+    world.failing = False
+    world.mix = _mix(8, 2)
+    loop = _loop(world, body)
+    await loop.turn()  # the reference mix is set; the window fails (no observation)
+    assert world.status["observedRoutes"] == '{"route=chat":0.8,"route=code":0.2}'
+    world.mix = _mix(7, 3)  # 0.1 away: the same routes
+    await loop.turn()
+    assert "RouteChange" not in world.reasons()
+    assert _trials(world)[-1]["outcome"] == "running"
+
+    world.mix = _mix(4, 6)  # 0.4 away
+    await loop.turn()
+    change = next(m for _, r, m in world.events if r == "RouteChange")
+    assert "0.40" in change and "route=chat 0.80→0.40" in change, change
+    assert "Retune" in world.reasons()
+    assert world.status["observedRoutes"] == '{"route=chat":0.4,"route=code":0.6}'
+    assert world.status["phase"] == "Baseline"
+    assert _trials(world)[-1]["outcome"] == "aborted", "the trial on the old mix ended"
+    assert not world.canaries
+
+    # A failing traffic-mix query is not a route change.
+    world.failing = True
+    await loop.turn()
+    assert world.reasons().count("RouteChange") == 1
+
+
+async def test_route_change_off_ignores_the_mix(world: FakeWorld) -> None:
+    body = _body(retune={"onRouteChange": False,
+                         "trafficMix": {"query": "q", "threshold": 0.2}})  # fmt: skip
+    _mid_trial(body)
+    world.mix = _mix(8, 2)
+    loop = _loop(world, body)
+    await loop.turn()
+    world.mix = _mix(1, 9)
+    await loop.turn()
+    assert "RouteChange" not in world.reasons() and "Retune" not in world.reasons()
