@@ -23,13 +23,14 @@ import pytest
 import yaml
 from kubernetes import client
 
-from spectune.api.names import KIND
+from spectune.api.names import GROUP, KIND, PLURAL, VERSION
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.prometheus import Prometheus
 from tests.fixtures.simpods import DEFAULT_SCENARIO, SimPods
 from tests.integration.operator.conftest import RBAC, OperatorProcess
 from tests.integration.operator.helpers import (
     MODEL,
+    TARGET,
     Env,
     diagnostics,
     spectuning,
@@ -484,3 +485,192 @@ def test_missing_rbac_verb_is_named_and_the_operator_keeps_running(
         message="the Forbidden condition cleared",
     )
     assert op.process.poll() is None
+
+
+# -- 7. the target Deployment deleted while tuning ----------------------------------------------
+
+
+def test_target_deleted_while_tuning_removes_canaries_and_resumes_when_it_returns(
+    cluster: Cluster,
+    namespace: str,
+    prometheus: Prometheus,
+    sim_pods: Callable[..., SimPods],
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    """The target is deleted mid-trial: its canary goes (it would otherwise keep serving the
+    Service's traffic alone), the SpecTuning says the target is missing (phase Degraded,
+    ``Ready=False, reason=TargetMissing`` naming it, a Warning event) and the operator keeps
+    running; recreated, the target is tuned again."""
+    env = Env(cluster, namespace)
+    env.create_target(["serve", MODEL])
+    sims = sim_pods(namespace)
+    op = start_operator(namespace)
+    env.create_spt(spectuning(prometheus.url))
+    why = diagnostics(env, op, sims)
+    trial = _mid_trial(env, why)
+
+    env.apps.delete_namespaced_deployment(TARGET, namespace, propagation_policy="Background")
+    wait_for(
+        lambda: not env.canaries(),
+        timeout=WINDOW_S * 2 + 10,
+        message=lambda: f"the canary removed with its target gone; {why()}",
+    )
+
+    def missing() -> dict[str, Any] | None:
+        c = env.condition("Ready")
+        return c if c is not None and c["reason"] == "TargetMissing" else None
+
+    cond = wait_for(missing, timeout=WINDOW_S * 2 + 10, message=lambda: f"TargetMissing; {why()}")
+    assert cond["status"] == "False" and TARGET in cond["message"], cond
+    assert "not found" in cond["message"], cond
+    assert env.status()["phase"] == "Degraded"
+    ended = [t for t in env.trials() if _same_trial(t, trial)]
+    assert ended and ended[0]["outcome"] in ("aborted", "measured", "infeasible"), env.trials()
+    event = next(e for e in env.events() if e.reason == "TargetMissing")
+    assert event.type == "Warning" and TARGET in event.message
+    time.sleep(3)
+    assert not env.canaries(), "a canary came back while the target is missing"
+    assert op.process.poll() is None, "the operator exited"
+
+    env.create_target(["serve", MODEL])
+    wait_for(
+        lambda: (env.condition("Ready") or {}).get("reason") == "Tuning",
+        timeout=WINDOW_S * 2 + 10,
+        message=lambda: f"tuning again; {why()}",
+    )
+    assert env.status()["phase"] != "Degraded"
+    assert "TargetFound" in env.reasons()
+
+    def acting() -> bool:
+        return env.running_trial() is not None or env.status().get("phase") == "Monitoring"
+
+    wait_for(acting, timeout=WINDOW_S * 4 + 20, message=lambda: f"tuning resumed; {why()}")
+    assert op.process.poll() is None
+
+
+# -- 8. API server conflicts (409) ----------------------------------------------------------------
+
+
+def _operator_api(kubeconfig: Path) -> Any:
+    from kubernetes import config
+
+    return config.new_client_from_config(str(kubeconfig))
+
+
+def test_deployment_patch_conflict_is_retried_with_fresh_state(
+    cluster: Cluster, namespace: str, operator_kubeconfig: Path
+) -> None:
+    """A real 409 from the real API server: another writer changes the target between the
+    operator's read and its patch (the test forces that interleaving by writing right after
+    the operator's first read). The promotion is computed again from the fresh object: the
+    target runs the promoted arm AND keeps the other writer's flag — nothing lost."""
+    import asyncio
+
+    from spectune.k8s.actuator import KubeActuator
+    from spectune.k8s.deployments import DrafterArgs
+    from spectune.search.arms import Arm
+    from tests.integration.operator.helpers import EAGLE, arm_of
+
+    env = Env(cluster, namespace)
+    env.create_target(["serve", MODEL])
+    api = _operator_api(operator_kubeconfig)
+    spt = {"metadata": {"name": "tune", "namespace": namespace, "uid": "0"}}
+    drafters = {"eagle3": DrafterArgs("eagle3", "eagle3", EAGLE)}
+    kube = KubeActuator(api, spt, TARGET, "vllm", "vllm", drafters)
+    reads: list[str] = []
+    read = kube.read_target
+
+    async def read_then_someone_writes() -> dict[str, Any]:
+        target = await read()
+        reads.append(target["metadata"]["resourceVersion"])
+        if len(reads) == 1:  # the concurrent writer: a human adds a flag
+            env.apps.patch_namespaced_deployment(
+                TARGET,
+                namespace,
+                {"spec": {"template": {"spec": {"containers": [
+                    {"name": "vllm", "args": ["serve", MODEL, "--max-num-seqs", "64"]}]}}}},
+            )  # fmt: skip
+        return target
+
+    kube.read_target = read_then_someone_writes  # type: ignore[method-assign]
+    try:
+        asyncio.run(kube.promote(Arm("eagle3", 3)))
+    finally:
+        api.close()
+    assert len(reads) == 2 and reads[0] != reads[1], reads  # the first patch was refused
+    args = env.target_args()
+    assert arm_of(args) == "eagle3/3", args
+    assert args[args.index("--max-num-seqs") + 1] == "64", args
+
+
+class ConflictOnceCustomApi:
+    """A FAKE wrapper around the real CustomObjectsApi: its first status patch answers HTTP
+    409 as the API server does for a stale write; every other call goes to the real API."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.conflicts = 0
+
+    def patch_namespaced_custom_object_status(self, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        if self.conflicts == 0:
+            self.conflicts += 1
+            raise ApiException(status=409, reason="Conflict")
+        return self._real.patch_namespaced_custom_object_status(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_status_patch_conflict_is_retried_with_fresh_state(
+    cluster: Cluster, namespace: str, prometheus: Prometheus, operator_kubeconfig: Path
+) -> None:
+    """The operator's status write meets a 409 (injected by a fake wrapper: a merge patch of
+    the status carries no resourceVersion, so the real server does not refuse it): the loop
+    reads the SpecTuning again and writes once more. The status in the API server keeps the
+    history it had (here a trial recorded by an earlier turn) and gains the new condition."""
+    import asyncio
+
+    from spectune.k8s.tuning import TuningLoop, WallClock
+    from spectune.settings import Settings
+
+    env = Env(cluster, namespace)
+    env.create_spt(spectuning(prometheus.url))  # its target does not exist
+    from spectune.control.controller import ControllerState
+    from spectune.control.controller import Phase as LoopPhase
+    from spectune.k8s.projection import Memory
+    from spectune.search.history import History, Outcome, TrialRecord
+
+    trial = TrialRecord(arm="eagle3/3", incumbent="off", epoch=0, started_s=1.0)
+    history = Memory(
+        History().add_trial(trial.ended(Outcome.MEASURED, "2 window(s)")),
+        ControllerState(phase=LoopPhase.EXPLORING),
+        "off",
+    ).to_json()
+    env.custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "tune", {"status": {"history": history}}
+    )
+    body = env.spt()
+    api = _operator_api(operator_kubeconfig)
+    events: list[tuple[str, str, str]] = []
+    loop = TuningLoop(
+        api,
+        body,
+        Settings(poll_s=0.1, metrics_port=0, liveness_port=0),
+        WallClock(),
+        None,
+        lambda *e: events.append(e),
+    )
+    fake = ConflictOnceCustomApi(loop._custom)
+    loop._custom = fake  # type: ignore[assignment]
+    try:
+        asyncio.run(loop.turn())
+    finally:
+        api.close()
+    assert fake.conflicts == 1
+    status = env.status()
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "TargetMissing", ready
+    trials = status["history"]["history"]["trials"]
+    assert [t["arm"] for t in trials] == ["eagle3/3"], status["history"]
