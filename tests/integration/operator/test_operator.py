@@ -107,6 +107,53 @@ def test_auto_mode_explores_promotes_and_cleans_up(
     assert not env.canaries()
 
 
+def test_in_place_strategy_tunes_the_target_itself(
+    cluster: Cluster,
+    namespace: str,
+    prometheus: Prometheus,
+    sim_pods: Callable[..., SimPods],
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    """``strategy: inPlace``: no canary is ever created; each trial patches the target (its
+    args carry the trial's arm and the ``spectune.io/trial`` annotation says so), trial
+    windows are compared with the incumbent's earlier windows, and the search converges with
+    the winner in the target's args and no trial annotation left."""
+    env = Env(cluster, namespace)
+    env.create_target(["serve", MODEL])
+    sims = sim_pods(namespace)
+    op = start_operator(namespace)
+    env.create_spt(spectuning(prometheus.url, search={"window": "10s", "maxTrials": 3,
+                                                      "strategy": "inPlace"}))  # fmt: skip
+    why = diagnostics(env, op, sims)
+    seen_trials: set[str] = set()
+    canaries: list[str] = []
+
+    def monitoring() -> bool:
+        notes = env.target().metadata.annotations or {}
+        if "spectune.io/trial" in notes:
+            seen_trials.add(notes["spectune.io/trial"])
+        canaries.extend(c.metadata.name for c in env.canaries())
+        return env.status().get("phase") == "Monitoring"
+
+    wait_for(monitoring, timeout=300, interval=0.5, message=lambda: f"Monitoring; {why()}")
+    assert not canaries, f"canaries under inPlace: {canaries}"
+    assert seen_trials, "no trial was ever applied to the target"
+    trials = env.trials()
+    assert trials and all(t["outcome"] != "running" for t in trials), trials
+    assert any(t.get("windows", 0) > 0 and t["outcome"] == "measured" for t in trials), trials
+    status = env.status()
+    promoted = status["history"]["history"]["promotions"][-1][1]
+    wait_for(
+        lambda: arm_of(env.target_args()) == promoted and env.target_ready(),
+        timeout=60,
+        message=lambda: f"the target runs {promoted}; {why()}",
+    )
+    notes = env.target().metadata.annotations or {}
+    assert "spectune.io/trial" not in notes and "spectune.io/incumbent" not in notes, notes
+    assert "TrialStarted" in env.reasons()
+    assert op.process.poll() is None
+
+
 def test_recommend_mode_never_changes_the_deployment(
     cluster: Cluster,
     namespace: str,
@@ -154,10 +201,12 @@ def test_invalid_specs_are_refused_with_the_field_named(
     with pytest.raises(ApiException) as err:
         env.create_spt(bad)
     assert err.value.status == 422 and "model" in err.value.body
-    # ...and the operator refuses what it does not implement, naming the field.
+    # ...and the operator refuses what only the cluster can tell, naming the field.
     env.create_target(["serve", MODEL])
     op = start_operator(namespace)
-    env.create_spt(spectuning(prometheus.url, search={"window": "10s", "strategy": "inPlace"}))
+    env.create_spt(
+        spectuning(prometheus.url, targetRef={"name": TARGET, "container": "sglang-main"})
+    )
 
     def invalid() -> dict[str, Any] | None:
         c = env.condition("Ready")
@@ -165,7 +214,7 @@ def test_invalid_specs_are_refused_with_the_field_named(
 
     cond = wait_for(invalid, timeout=60, message=lambda: f"InvalidSpec; {op.log()[-2000:]}")
     assert cond["status"] == "False"
-    assert "spec.search.strategy" in cond["message"]
+    assert "spec.targetRef.container" in cond["message"] and "vllm" in cond["message"], cond
     assert cond["observedGeneration"] == env.spt()["metadata"]["generation"]
     assert env.status()["phase"] == "Failed"
     assert not env.canaries()
