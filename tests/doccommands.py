@@ -168,11 +168,15 @@ COVERAGE: dict[str, Coverage] = {
     "spectune diagnose --prometheus http://prometheus.monitoring:9090 "
     '--selector \'{namespace="llm",pod=~"llama-.*"}\' '
     '--baseline-selector \'{namespace="llm",pod=~"nospec-llama-.*"}\' --window 10m': Coverage(
-        "prometheus", "the URL is the test Prometheus, which scrapes simulated pods so labelled"
+        "prometheus",
+        "the URL is the test Prometheus, which scrapes simulated pods so labelled (namespace "
+        "docs-llm, as other tests label pods llm)",
     ),
     "spectune diagnose --prometheus http://prometheus.monitoring:9090 "
     '--selector \'{namespace="llm",pod=~"llama-.*"}\' --window 10m': Coverage(
-        "prometheus", "the URL is the test Prometheus, which scrapes simulated pods so labelled"
+        "prometheus",
+        "the URL is the test Prometheus, which scrapes simulated pods so labelled (namespace "
+        "docs-llm, as other tests label pods llm)",
     ),
     # --- the real test API server: tests/integration/docs ------------------------------------
     "kubectl apply -f crds/ -f deploy/rbac.yaml": Coverage("cluster", _EXACT),

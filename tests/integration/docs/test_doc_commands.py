@@ -41,6 +41,9 @@ EAGLE = "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"
 MODEL = "meta-llama/Llama-3.3-70B-Instruct"
 DOC_PROMETHEUS = "http://prometheus.monitoring:9090"
 WALKTHROUGH = REPO / "docs" / "walkthrough.md"
+# The simulated pods' namespace: the docs' "llm", renamed because other tests of the session
+# register pods labelled namespace="llm" with the same shared Prometheus.
+NS = "docs-llm"
 
 
 def _spec_args(k: int) -> list[str]:
@@ -120,7 +123,7 @@ def sims(prometheus: Prometheus, tmp_path: Path) -> Iterator[dict[str, int]]:
                     )
                 )  # fmt: skip
             targets.append(
-                prometheus.register_target(f"127.0.0.1:{port}", {"namespace": "llm", "pod": pod})
+                prometheus.register_target(f"127.0.0.1:{port}", {"namespace": NS, "pod": pod})
             )
             ports[pod] = port
         yield ports
@@ -137,7 +140,7 @@ def test_diagnose_commands_against_prometheus_and_live_pods(
     prometheus: Prometheus, sims: dict[str, int], tmp_path: Path
 ) -> None:
     shell = DocShell("prometheus", tmp_path, _env())
-    prometheus.wait_for_series('vllm:spec_decode_num_drafts_total{namespace="llm"}', count=2)
+    prometheus.wait_for_series(f'vllm:spec_decode_num_drafts_total{{namespace="{NS}"}}', count=2)
     prometheus.wait_for_series('vllm:generation_tokens_total{pod=~"nospec-llama-.*"}')
     time.sleep(10)  # a few scrapes of traffic, so the window has increases to read
 
@@ -150,7 +153,10 @@ def test_diagnose_commands_against_prometheus_and_live_pods(
     assert "engine vllm · 2 pod(s)" in out and "current k = 3" in out, out
 
     for text in (t for t in shell.expected if "--prometheus" in t):
-        out = shell.run(text, variant=text.replace(DOC_PROMETHEUS, prometheus.url)).stdout
+        variant = text.replace(DOC_PROMETHEUS, prometheus.url).replace(
+            'namespace="llm"', f'namespace="{NS}"'
+        )
+        out = shell.run(text, variant=variant).stdout
         assert "engine vllm · 2 pod(s)" in out, out  # the selector does not take the baseline pod
         assert "current k = 3" in out, out
         if "--baseline-selector" in text:
