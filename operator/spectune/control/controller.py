@@ -134,9 +134,11 @@ class Controller:
             return trials[-1]
         return None
 
-    async def _observe(self) -> tuple[float, dict[Group, WindowStats]]:
+    async def _observe(
+        self, length_s: float | None = None
+    ) -> tuple[float, dict[Group, WindowStats]]:
         start = self.clock.now()
-        groups = await self.metrics.observe(self.config.window_s)
+        groups = await self.metrics.observe(length_s or self.config.window_s)
         return start, {g: window_stats(o, self.objective) for g, o in groups.items()}
 
     # -- re-triggers ------------------------------------------------------------------------
@@ -158,15 +160,17 @@ class Controller:
         self.state = replace(self.state, model_version=dep.model_version, routes=dep.routes)
         return True
 
-    async def _retune(self, why: str) -> None:
+    async def _retune(self, why: str, load_moved: bool = False) -> None:
         running = self._running()
         if running is not None:
             self.history = self.history.update_last(running.ended(Outcome.ABORTED, why))
             await self.actuator.stop_canary()
-        self.history = self.history.new_epoch()
+        self.history = self.history.new_epoch(load_moved)
+        # After a load move the incumbent's acceptance is known and its new cost is what
+        # the trials measure against it, window by window: no incumbent-only window first.
         self.state = replace(
             self.state,
-            phase=Phase.BASELINE,
+            phase=Phase.EXPLORING if load_moved else Phase.BASELINE,
             drift_since_s=None,
             shift_since_s=None,
             trial_started_s=None,
@@ -203,6 +207,12 @@ class Controller:
 
     async def _explore(self, dep: Deployment) -> None:
         running = self._running()
+        if running is None and self._stale():
+            # A long rollout (a promotion under load) left the evidence older than a
+            # window: look at the incumbent again before choosing, the load may have moved.
+            w = await self._baseline_window(dep)
+            await self._load_moved(w)
+            return
         if running is not None:
             if dep.canary_failure:
                 self._end_running(Outcome.INFEASIBLE, dep.canary_failure)
@@ -234,6 +244,12 @@ class Controller:
         self.last_decision = decision
         await self._act(decision, dep)
 
+    def _stale(self) -> bool:
+        """Whether the epoch's last window ended more than a window ago (False if none)."""
+        ends = [w.end_s for w in self.history.baseline_windows()]
+        ends += [w.end_s for t in self.history.in_epoch() for w in t.windows]
+        return bool(ends) and self.clock.now() - max(ends) > 2 * self.config.window_s
+
     async def _load_moved(self, w: WindowRecord) -> bool:
         """While exploring: re-open the search if the offered load moved since the epoch began.
 
@@ -246,17 +262,24 @@ class Controller:
         windows = [b for b in self.history.baseline_windows() if b.incumbent]
         windows += [x for t in self.history.in_epoch() for x in t.windows if x.incumbent]
         windows.sort(key=lambda x: x.start_s)
-        if len(windows) < 3 or w.incumbent is None:
+        if len(windows) < 2 or w.incumbent is None:
             return False
         first, previous = windows[0], windows[-2]
         before, now = _service_rate(first), _service_rate(w)
         # Sustained: this window and the one before both moved the same way (completions
-        # are bursty under saturation; one window is not a new load).
-        moves = [_moved(first, x, self.config.load_shift) for x in (previous, w)]
-        if not moves[0] or moves[0] != moves[1]:
+        # are bursty under saturation; one window is not a new load) — or this one moved
+        # by the factor squared, which no burst does.
+        factor = self.config.load_shift
+        moves = [_moved(first, x, factor) for x in (previous, w)]
+        large = _moved(first, w, factor * factor) != 0
+        sustained = len(windows) >= 3 and moves[0] != 0 and moves[0] == moves[1]
+        if not (large or sustained):
             return False
+        b0 = first.incumbent.running if first.incumbent else math.nan
         await self._retune(
-            f"offered load moved from {before:.2f} to {now:.2f} requests/s while exploring"
+            f"offered load moved from {before:.2f} to {now:.2f} requests/s (running batch "
+            f"{b0:.1f} → {w.incumbent.running:.1f} per pod) while exploring",
+            load_moved=True,
         )
         return True
 
@@ -314,7 +337,8 @@ class Controller:
             )
             self._event("Promoted", f"{d.arm.name}: {d.reason}")
         else:
-            await self._baseline_window(dep)
+            w = await self._baseline_window(dep)
+            await self._load_moved(w)
 
     # -- monitoring ---------------------------------------------------------------------------
 
@@ -369,7 +393,8 @@ class Controller:
                 self.state = replace(self.state, shift_since_s=since)
                 if now - since >= 2 * cfg.window_s:
                     await self._retune(
-                        f"running batch moved from {ref_b:.1f} to {inc.running:.1f} per pod"
+                        f"running batch moved from {ref_b:.1f} to {inc.running:.1f} per pod",
+                        load_moved=True,
                     )
             else:
                 self.state = replace(self.state, shift_since_s=None)
@@ -389,6 +414,14 @@ def _moved(first: WindowRecord, w: WindowRecord, factor: float) -> int:
         return 0
     if max(first.incumbent.running, w.incumbent.running) < SMALL_BATCH_CHANGE:
         return 0
+    # A saturated service finishes requests at the same rate while its batch (and queue)
+    # balloons: a batch growth by the factor squared counts too (a trial's canary, one
+    # more pod, shifts the batch per pod by far less). Only growth: a batch that shrinks
+    # at a steady rate is a warm-up or a KV pool that got smaller, not less traffic.
+    ba, bb = first.incumbent.running, w.incumbent.running
+    valid = not (math.isnan(ba) or math.isnan(bb)) and min(ba, bb) > 0
+    if valid and bb > ba and not same_load(ba, bb, factor * factor):
+        return 1
     a, b = _service_rate(first), _service_rate(w)
     if math.isnan(a) or math.isnan(b) or min(a, b) <= 0 or same_load(a, b, factor):
         return 0

@@ -73,6 +73,8 @@ class History:
     baseline: tuple[tuple[int, WindowRecord], ...] = ()
     epoch: int = 0
     promotions: tuple[tuple[int, str], ...] = field(default=())
+    load_epochs: tuple[int, ...] = field(default=())
+    """Epochs opened because the load moved: the model and routes, so acceptance, held."""
 
     def in_epoch(self, epoch: int | None = None) -> tuple[TrialRecord, ...]:
         """The trials of one epoch (the current one by default)."""
@@ -96,9 +98,22 @@ class History:
         """The history with one more incumbent-only window."""
         return replace(self, baseline=(*self.baseline, (self.epoch, w)))
 
-    def new_epoch(self) -> History:
-        """The history at the start of a re-tune."""
-        return replace(self, epoch=self.epoch + 1)
+    def new_epoch(self, load_moved: bool = False) -> History:
+        """The history at the start of a re-tune (``load_moved``: only the load changed)."""
+        loads = (*self.load_epochs, self.epoch + 1) if load_moved else self.load_epochs
+        return replace(self, epoch=self.epoch + 1, load_epochs=loads)
+
+    def acceptance_epochs(self) -> tuple[int, ...]:
+        """The current epoch and the earlier ones whose acceptance still holds.
+
+        A re-tune because the load moved keeps the model and the traffic, so acceptance —
+        a property of the drafter on this traffic, not of the batch — carries over; any
+        other re-tune (model version, routes, drift, schedule) starts afresh.
+        """
+        out = [self.epoch]
+        while out[-1] > 0 and out[-1] in self.load_epochs:
+            out.append(out[-1] - 1)
+        return tuple(out)
 
     def promoted(self, arm: str) -> History:
         """The history with a promotion recorded."""
@@ -117,7 +132,8 @@ class History:
         trials = tuple(_trial(t) for t in doc.get("trials", ()))
         baseline = tuple((int(e), _window(w)) for e, w in doc.get("baseline", ()))
         promotions = tuple((int(e), str(a)) for e, a in doc.get("promotions", ()))
-        return cls(trials, baseline, int(doc.get("epoch", 0)), promotions)
+        loads = tuple(int(e) for e in doc.get("load_epochs", ()))
+        return cls(trials, baseline, int(doc.get("epoch", 0)), promotions, loads)
 
 
 def _clean(v: Any) -> Any:

@@ -85,6 +85,13 @@ class Beliefs:
     needs_off: bool = False
     costs: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    survival: dict[str, np.ndarray] = field(default_factory=dict)
+    """P(L ≥ i) per drafter, for every drafter whose acceptance was seen."""
+
+    def expected_tokens(self, drafter: str, k: int) -> float:
+        """E_d(k), extrapolated past the measured positions; NaN for an unseen drafter."""
+        curve = self.survival.get(drafter)
+        return math.nan if curve is None else _expected(curve, k)[0]
 
 
 def _log(x: float) -> float:
@@ -238,6 +245,16 @@ def build_beliefs(
                 if w.incumbent is not None and w.canary.requests > 0 and offset is not None:
                     measured[t.arm].add(w.canary, w.incumbent, sign, offset)
 
+    # Acceptance is a property of the drafter on this traffic, not of the load: epochs
+    # re-opened only because the load moved lend theirs (History.acceptance_epochs).
+    for epoch in history.acceptance_epochs()[1:]:
+        for t in history.in_epoch(epoch):
+            for w in t.windows:
+                note_acceptance(w.incumbent_arm or t.incumbent, w.incumbent)
+                note_acceptance(t.arm, w.canary)
+        for w in history.baseline_windows(epoch):
+            note_acceptance(w.incumbent_arm, w.incumbent)
+
     # An earlier incumbent of this epoch is a measured arm too: its offset is its ratio.
     for t in epoch_trials:
         if t.incumbent == incumbent.name or t.incumbent not in offsets:
@@ -262,7 +279,7 @@ def build_beliefs(
     inc_length = inc_tokens / inc_passes if inc_passes > 0 else 1.0
     if incumbent.drafter is not None and inc_passes == 0:
         lengths = [s.mean_accepted_length for s in inc_windows if s.mean_accepted_length > 1]
-        inc_length = float(np.mean(lengths)) if lengths else 1.0
+        inc_length = float(np.mean(lengths)) if lengths else math.nan
 
     # Acceptance per drafter.
     survival: dict[str, np.ndarray] = {}
@@ -279,14 +296,29 @@ def build_beliefs(
             b.unexplored_drafters.append(d.name)
         else:
             survival[d.name] = curve
+    b.survival = survival
+    if math.isnan(inc_length):
+        # No window of the incumbent yet in this epoch (a load move skips the baseline):
+        # its expected tokens per pass from the carried acceptance curve.
+        seen = survival.get(incumbent.drafter or "")
+        inc_length = _expected(seen, incumbent.k)[0] if seen is not None else 1.0
 
     # Per-token latency of 'off' relative to the incumbent.
     priors = _prior_costs(history)
     tau_off: float | None = None
+    off_inferred = False
+    two_lengths = _off_from_two_lengths(incumbent, inc_length, measured, min_requests)
     if incumbent.is_off:
         tau_off = 1.0
     elif OFF.name in measured and not math.isnan(measured[OFF.name].tpot_ratio):
         tau_off = measured[OFF.name].tpot_ratio
+    elif two_lengths is not None:
+        tau_off, other = two_lengths
+        off_inferred = True
+        b.notes.append(
+            f"off's latency inferred from {incumbent.name} and {other}: two draft lengths "
+            "of one drafter give both the plain step and the draft cost"
+        )
     else:
         prior = priors.get(incumbent.drafter or "")
         if prior is not None and incumbent.drafter in survival:
@@ -369,6 +401,8 @@ def build_beliefs(
         if residuals:
             spread = max(math.sqrt(float(np.mean(np.square(residuals)))), MEASURED_FLOOR)
         measured_ks = [k for k in cost_points.get(arm.drafter or "", {})]
+        if arm.is_off and off_inferred:
+            spread += MODEL_PRIOR  # extrapolated to k = 0 from two measured lengths
         if not arm.is_off:
             spread += EXTRAPOLATION_STEP * steps
             if not space.per_position and measured_ks:
@@ -442,6 +476,39 @@ def build_beliefs(
     return b
 
 
+def _off_from_two_lengths(
+    incumbent: Arm, inc_length: float, measured: dict[str, _Measured], min_requests: int
+) -> tuple[float, str] | None:
+    r"""Off's per-token latency relative to the incumbent, from a second k of its drafter.
+
+    With :math:`\tau_k = \tau_{\text{off}} (1 + c k) / E(k)`, two draft lengths of one
+    drafter measured on the same traffic give two linear equations in
+    :math:`\tau_{\text{off}}` and :math:`\tau_{\text{off}} c`; the pair farthest apart in
+    ``k`` is used. The draft cost is clamped at 0 (noise can make it negative). Returns
+    (τ_off, the other arm's name), or None without such a pair.
+    """
+    if incumbent.drafter is None or incumbent.schedule is not None or inc_length < 1:
+        return None
+    best: tuple[int, float, float, str] | None = None
+    for name, m in measured.items():
+        arm = _arm_of(name)
+        if arm is None or arm.drafter != incumbent.drafter or arm.schedule is not None:
+            continue
+        if arm.k == incumbent.k or m.passes == 0 or m.requests < min_requests:
+            continue
+        if math.isnan(m.tpot_ratio):
+            continue
+        if best is None or abs(arm.k - incumbent.k) > best[0]:
+            best = (abs(arm.k - incumbent.k), arm.k, m.tpot_ratio * m.tokens / m.passes, name)
+    if best is None:
+        return None
+    _, k2, y2, name = best
+    k1, y1 = incumbent.k, inc_length  # τ·E of the incumbent, whose τ is 1 by definition
+    slope = max((y1 - y2) / (k1 - k2), 0.0)  # τ_off · c
+    tau = (y1 - slope * k1) if slope > 0 else (y1 + y2) / 2
+    return (tau, name) if tau > 0 else None
+
+
 def _incumbent_offsets(
     trials: Sequence[TrialRecord], current: str, sign: float
 ) -> dict[str, tuple[float, float, float]]:
@@ -483,6 +550,8 @@ def _prior_costs(history: History) -> dict[str, float]:
     """
     out: dict[str, float] = {}
     now_b = epoch_batch(history, history.epoch)
+    if math.isnan(now_b) and history.epoch in history.load_epochs:
+        return out  # the load just moved: no earlier epoch is known to be at this one
     for epoch in range(history.epoch):
         trials = history.in_epoch(epoch)
         if not trials or not same_load(epoch_batch(history, epoch), now_b, SIMILAR_LOAD):
@@ -490,7 +559,9 @@ def _prior_costs(history: History) -> dict[str, float]:
         inc = _arm_of(trials[0].incumbent)
         if inc is None:
             continue
-        past = History(history.trials, history.baseline, epoch, history.promotions)
+        past = History(
+            history.trials, history.baseline, epoch, history.promotions, history.load_epochs
+        )
         space = _space_from(trials)
         beliefs = build_beliefs(space, past, inc, True, 0) if space.drafters else None
         if beliefs is not None:

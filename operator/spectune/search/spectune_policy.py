@@ -168,8 +168,20 @@ class SpectunePolicy:
             leader = _leader(beliefs, measured_only=True) or ctx.incumbent
             return decision(DecisionKind.PROMOTE, leader, f"trial budget of {ctx.max_trials} spent")
 
-        # 1. Evidence the model needs before it can predict.
+        # 1. Evidence the model needs before it can predict. What drafting costs follows
+        # from `off`, or — after a load move, when the direction of the best k is known —
+        # from another k of the incumbent's drafter that way (two lengths give the plain
+        # step and the draft cost; model.py), a trial that may itself be the new optimum.
         if beliefs.needs_off and OFF.name not in tried and OFF.name not in beliefs.excluded:
+            second = _second_length(ctx, history, beliefs, tried | set(beliefs.excluded))
+            if second is not None:
+                return decision(
+                    DecisionKind.TRIAL,
+                    second,
+                    f"measuring {second.name}: the load moved, so the best k moved the same "
+                    f"way, and a second draft length of {second.drafter} gives the plain step "
+                    "and the draft cost at the new load",
+                )
             return decision(DecisionKind.TRIAL, OFF, "measuring off to learn what drafting costs")
         # A drafter whose acceptance was never seen enters the race at its largest k (one
         # trial there predicts every smaller k) with a wide prior centred on the incumbent:
@@ -267,6 +279,56 @@ class SpectunePolicy:
             f"{challenger.name} may beat {leader.name} by {ctx.epsilon:.0%} "
             f"(P = {beats[ci]:.2f}): {_describe(cb, minimise, ctx)}",
         )
+
+
+def _second_length(
+    ctx: TuningContext, history: History, beliefs: Beliefs, skip: set[str]
+) -> Arm | None:
+    """After a load move, another k of the incumbent's drafter in the direction of the move.
+
+    The best k can only fall as the batch grows (verification over ``b(k+1)`` tokens) and
+    rise as it shrinks. After a rise the shortest k is measured — the longest lever for the
+    cost line and the likeliest new optimum — or, from ``k = 1``, nothing (``off`` is the
+    next step down). After a fall, the k halfway to the drafter's largest. None as well
+    outside a load epoch, when the incumbent is off or a schedule, its drafter's acceptance
+    is unknown, or the wanted k was tried or excluded.
+    """
+    inc = ctx.incumbent
+    d = inc.drafter
+    direction = _load_direction(history)
+    if direction == 0 or d is None or inc.schedule is not None or d not in beliefs.survival:
+        return None
+    spec = next((x for x in ctx.space.drafters if x.name == d), None)
+    if spec is None:
+        return None
+    if direction > 0:
+        k = 1 if inc.k > 1 else None
+    else:
+        k = math.ceil((inc.k + spec.max_k) / 2) if inc.k < spec.max_k else None
+    if k is None or Arm(d, k).name in skip:
+        return None
+    return Arm(d, k)
+
+
+def _load_direction(history: History) -> int:
+    """+1 / −1 when the current epoch was opened because the load rose / fell, else 0.
+
+    Compares the running batch of the last window before the re-tune (the one that
+    showed the move) with the first window of the epoch it ended.
+    """
+    if history.epoch not in history.load_epochs:
+        return 0
+    before = history.epoch - 1
+    windows = [w for w in history.baseline_windows(before) if w.incumbent is not None]
+    windows += [w for t in history.in_epoch(before) for w in t.windows if w.incumbent]
+    if len(windows) < 2:
+        return 0
+    windows.sort(key=lambda w: w.start_s)
+    first, last = windows[0].incumbent, windows[-1].incumbent
+    assert first is not None and last is not None
+    if math.isnan(first.running) or math.isnan(last.running) or first.running == last.running:
+        return 0
+    return 1 if last.running > first.running else -1
 
 
 def _with_schedule(ctx: TuningContext, history: History, leader: Arm) -> Arm:

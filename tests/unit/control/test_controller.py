@@ -66,6 +66,8 @@ class FakeFleet:
     canary_ready_at: float = math.inf
     starts: list[str] = field(default_factory=list)
     promotions: list[str] = field(default_factory=list)
+    load: float = 1.0
+    """Offered load relative to the start: scales requests finished and the batch."""
 
     async def deployment(self) -> Deployment:
         failure = None
@@ -93,9 +95,10 @@ class FakeFleet:
             per_pos = tuple(v * self.acceptance_scale for v in s.accepted_per_pos)
             spec = SpecCounts(s.drafts, s.drafts * arm.k, sum(per_pos), per_pos)
         return Observation(
-            dialect=Dialect.VLLM_V1, window_s=window, pods=("p",), spec=spec, running=4.0,
-            tpot=fake_hist(s.tpot_mean), ttft=fake_hist(0.2), queue=fake_hist(0.01),
-            e2e=fake_hist(5.0), generation_tokens=1000.0 * window,
+            dialect=Dialect.VLLM_V1, window_s=window, pods=("p",), spec=spec,
+            running=4.0 * self.load, tpot=fake_hist(s.tpot_mean, 400 * self.load),
+            ttft=fake_hist(0.2), queue=fake_hist(0.01),
+            e2e=fake_hist(5.0, 400 * self.load), generation_tokens=1000.0 * window * self.load,
         )  # fmt: skip
 
     async def observe(self, window_s: float) -> dict[Group, Observation]:
@@ -209,3 +212,35 @@ def test_a_restarted_controller_resumes_without_repeating_a_trial() -> None:
     assert fleet.incumbent == fleet2.incumbent
     after = [t.arm for t in resumed.history.in_epoch()][len(saved_history.in_epoch()) :]
     assert not set(after) & set(finished)
+
+
+def test_a_large_load_move_while_exploring_reopens_the_search_without_a_baseline() -> None:
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/5"))
+    c, events = make(fleet, clock)
+    run_until(c, lambda: len(fleet.starts) >= 1)
+    fleet.load = 10.0  # one window at ten times the traffic is no burst
+    run_until(c, lambda: any(e.reason == "Retune" for e in events))
+    retune = next(e for e in events if e.reason == "Retune")
+    assert "offered load moved from 1.33 to 26.67 requests/s" in retune.message
+    assert "running batch 6.7 → 66.7 per pod" in retune.message
+    assert c.history.epoch == 1 and c.history.epoch in c.history.load_epochs
+    # Acceptance is known and the incumbent is measured alongside every trial: the new
+    # epoch goes straight to a trial, and the load rose, so a shorter k is measured.
+    assert c.state.phase is Phase.EXPLORING
+    starts = len(fleet.starts)
+    run_until(c, lambda: len(fleet.starts) > starts)
+    assert not c.history.baseline_windows(1)
+    assert fleet.starts[-1] == "eagle3/1"
+
+
+def test_evidence_older_than_two_windows_is_refreshed_before_the_next_trial() -> None:
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/5"))
+    c, _ = make(fleet, clock)
+    asyncio.run(c.step())  # the baseline window
+    clock.t += 1000.0  # e.g. a rollout under load took this long
+    starts = list(fleet.starts)
+    asyncio.run(c.step())
+    assert fleet.starts == starts  # no trial chosen on stale figures
+    assert len(c.history.baseline_windows()) == 2

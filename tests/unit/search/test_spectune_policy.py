@@ -180,3 +180,58 @@ def test_without_per_position_data_it_tries_neighbouring_k() -> None:
     assert world.tpot(arm) <= world.tpot(world.best(space)) * 1.05
     _, _, trials_with = run_policy(world, parse_arm("eagle3/5"))
     assert trials >= trials_with
+
+
+def _load_epoch_history(world: FakeWorld, inc: Arm) -> History:
+    """Epoch 0 at batch 4 whose last window ran at batch 60; epoch 1 opened by that move."""
+
+    def window(start: float, running: float) -> WindowRecord:
+        return WindowRecord(start, start + 300, replace(world.stats(inc), running=running),
+                            None, inc.name)  # fmt: skip
+
+    history = History(baseline=((0, window(0, 4.0)), (0, window(300, 60.0))))
+    return history.new_epoch(load_moved=True)
+
+
+def test_two_draft_lengths_give_off_without_measuring_it() -> None:
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    incumbent = parse_arm("eagle3/5")
+    history = _load_epoch_history(world, incumbent)
+    policy = SpectunePolicy()
+    ctx = TuningContext(SPACE, Objective(), incumbent, 600.0, max_trials=12, seed=1)
+    first = policy.decide(ctx, history)
+    assert first.arm == parse_arm("eagle3/1")
+    trial = TrialRecord(first.arm.name, incumbent.name, 1, 600.0).with_window(
+        WindowRecord(780, 1080, world.stats(incumbent), world.stats(first.arm), incumbent.name)
+    )
+    after = policy.decide(replace(ctx, now_s=1080.0), history.add_trial(trial))
+    off = after.estimates["off"]
+    truth = world.tpot(OFF) / world.tpot(incumbent)
+    assert not off.measured
+    assert off.value == pytest.approx(truth, rel=0.05)
+    assert "two draft lengths" in after.reason
+
+
+def test_a_fresh_search_measures_off_first() -> None:
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    incumbent = parse_arm("eagle3/5")
+    history = History(baseline=((0, WindowRecord(0, 300, world.stats(incumbent), None,
+                                                  incumbent.name)),))  # fmt: skip
+    ctx = TuningContext(SPACE, Objective(), incumbent, 300.0, max_trials=12, seed=1)
+    assert SpectunePolicy().decide(ctx, history).arm == OFF
+
+
+def test_after_the_load_rose_a_shorter_k_is_measured_then_off() -> None:
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    for inc_name, expected in (("eagle3/5", "eagle3/1"), ("eagle3/1", "off")):
+        inc = parse_arm(inc_name)
+        ctx = TuningContext(SPACE, Objective(), inc, 600.0, max_trials=12, seed=1)
+        d = SpectunePolicy().decide(ctx, _load_epoch_history(world, inc))
+        assert d.kind is DecisionKind.TRIAL and d.arm is not None
+        assert d.arm.name == expected
+
+
+def test_a_load_epoch_keeps_the_acceptance_and_survives_a_restart() -> None:
+    h = History().new_epoch(load_moved=True).new_epoch().new_epoch(load_moved=True)
+    assert h.acceptance_epochs() == (3, 2)  # epoch 2 was a model change: nothing older
+    assert History.from_json(h.to_json()) == h
