@@ -9,6 +9,13 @@ separately; then each policy runs through ``spectune.bench.runner.run_bench`` (t
 code as ``spectune bench``). Prints efficiency, run_efficiency, trials and
 guardrail_breach_s per scenario × policy, each run's wall time (the oracle cached), and the
 total. ``static:<initial>`` is the untuned deployment (the scenario's ``initial`` arm).
+
+Then, when ``spectune`` ran, the issue's targets per scenario: its efficiency against every
+baseline's (``better`` / ``tie`` / ``worse``), and its trials against one full pass of
+``grid`` — every candidate arm once, per search (the first, plus one per
+``model_version`` / ``route_mix`` event, which re-open it). Grid's own ``trials`` column
+is cut short by the scenario's length (a trial costs a restart and a window), so it is not
+the count grid needs to finish. Last, spectune's median and minimum efficiency.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import statistics
 import sys
 import time
 from typing import Any
@@ -62,6 +70,8 @@ def main() -> int:
     ):
         table.add_column(col, justify="left" if col in ("scenario", "policy") else "right")
     total0 = time.perf_counter()
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    grid_pass: dict[str, int] = {}
     for path in sorted(glob.glob(ns.scenarios)):
         scenario = load_scenario(path)
         oracle = Oracle(scenario, scenario.seed, jobs=ns.jobs)
@@ -73,9 +83,12 @@ def main() -> int:
             f"{scenario.name}: oracle of {len(arms)} arms in {time.perf_counter() - t0:.1f}s "
             f"({cached} cached before)"
         )
+        searches = 1 + sum(e.kind in ("model_version", "route_mix") for e in scenario.events)
+        grid_pass[scenario.name] = len(arms) * searches
         for policy in _policies(scenario.initial_arm.name, wanted):
             result = run_bench(scenario, policy, window_s=ns.window, jobs=ns.jobs)
             doc = result.to_json()
+            results.setdefault(scenario.name, {})[policy] = doc
             if ns.json:
                 print(json.dumps(doc), flush=True)
             table.add_row(
@@ -88,8 +101,43 @@ def main() -> int:
                 _fmt(doc["wall_seconds"], ".1f"),
             )
     console.print(table)
+    if any("spectune" in r for r in results.values()):
+        console.print(_targets(results, grid_pass))
     console.print(f"total wall time: {time.perf_counter() - total0:.1f}s")
     return 0
+
+
+def _targets(results: dict[str, dict[str, dict[str, Any]]], grid_pass: dict[str, int]) -> Table:
+    """spectune against the baselines and grid's full pass, per scenario."""
+    table = Table(title="spectune against the targets")
+    for col in ("scenario", "efficiency", "vs baselines", "trials / grid pass"):
+        table.add_column(col)
+    effs = []
+    for name, docs in results.items():
+        ours = docs.get("spectune")
+        if ours is None:
+            continue
+        eff = ours["efficiency"]
+        effs.append(eff)
+        verdicts = []
+        for policy, doc in docs.items():
+            if policy in ("spectune", "oracle", "grid") or doc["efficiency"] is None:
+                continue
+            other = doc["efficiency"]
+            word = "tie" if abs(eff - other) < 1e-3 else ("better" if eff > other else "WORSE")
+            verdicts.append(f"{word} than {policy} ({other:.3f})")
+        ratio = ours["trials"] / grid_pass[name]
+        table.add_row(
+            name,
+            _fmt(eff),
+            "; ".join(verdicts),
+            f"{ours['trials']} / {grid_pass[name]} = {ratio:.2f}",
+        )
+    if effs:
+        table.caption = (
+            f"spectune efficiency: median {statistics.median(effs):.3f}, min {min(effs):.3f}"
+        )
+    return table
 
 
 if __name__ == "__main__":

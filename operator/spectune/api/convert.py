@@ -13,7 +13,14 @@ Spec fields the brain has no setting for yet are not mapped: ``search.minDrafts`
 
 from __future__ import annotations
 
-from spectune.api.spec import DriftAction, Engine, ObjectiveMetric, Schedule, SpecTuningSpec
+from spectune.api.spec import (
+    DriftAction,
+    Engine,
+    ObjectiveMetric,
+    Schedule,
+    SpecTuningSpec,
+    Strategy,
+)
 from spectune.control.controller import ControllerConfig
 from spectune.control.controller import DriftAction as LoopDriftAction
 from spectune.durations import parse_duration
@@ -82,5 +89,6 @@ def to_controller_config(spec: SpecTuningSpec, *, seed: int = 0) -> ControllerCo
         drift_for_s=parse_duration(retune.drift.for_, "spec.retune.drift.for"),
         drift_action=_DRIFT_ACTIONS[retune.drift.action],
         retune_every_s=(parse_duration(every, "spec.retune.every") if every is not None else None),
+        shared_traffic=search.strategy is not Strategy.IN_PLACE,
         seed=seed,
     )

@@ -67,6 +67,10 @@ class ControllerConfig:
     retune_every_s: float | None = None
     load_shift: float = 1.6
     """A sustained change of the running batch by this factor re-opens the search."""
+    shared_traffic: bool = True
+    """Trials run on canary pods beside the incumbent (the service's load is both groups);
+    False for in-place trials, whose incumbent figures are an earlier window of the same
+    pods."""
     seed: int = 0
 
 
@@ -238,7 +242,9 @@ class Controller:
                     dep.incumbent.name,
                 )
                 self.history = self.history.update_last(running.with_window(w))
-                if await self._load_moved(w):
+                why = self._load_move(w)
+                if why is not None:
+                    await self._promote_then_retune(dep, why)
                     return
         decision = self.policy.decide(self._context(dep.incumbent), self.history)
         self.last_decision = decision
@@ -250,12 +256,36 @@ class Controller:
         ends += [w.end_s for t in self.history.in_epoch() for w in t.windows]
         return bool(ends) and self.clock.now() - max(ends) > 2 * self.config.window_s
 
+    async def _promote_then_retune(self, dep: Deployment, why: str) -> None:
+        """Re-open the search after a load move, first promoting a clear winner.
+
+        The trial's last window compared canary and incumbent on the same traffic, so it
+        holds whatever the load did: if the policy would promote on it, that happens
+        before the new epoch (whose first trials then start from the better arm).
+        """
+        d = self.policy.decide(self._context(dep.incumbent), self.history)
+        if d.kind is DecisionKind.PROMOTE and d.arm is not None and d.arm != dep.incumbent:
+            self._end_running(Outcome.MEASURED, "promoted; the load moved")
+            await self.actuator.stop_canary()
+            await self.actuator.promote(d.arm)
+            self.history = self.history.promoted(d.arm.name)
+            self._event("Promoted", f"{d.arm.name} (before re-opening the search): {d.reason}")
+        await self._retune(why, load_moved=True)
+
     async def _load_moved(self, w: WindowRecord) -> bool:
-        """While exploring: re-open the search if the offered load moved since the epoch began.
+        """Re-open the search (a new load epoch) if :meth:`_load_move` says so; True if so."""
+        why = self._load_move(w)
+        if why is not None:
+            await self._retune(why, load_moved=True)
+        return why is not None
+
+    def _load_move(self, w: WindowRecord) -> str | None:
+        """While exploring: why the search should re-open — the offered load moved since the
+        epoch began — or None.
 
         Draft costs depend on the batch size, so evidence from another load misleads; a new
-        epoch keeps nothing of it but what is load-independent. The load is the whole
-        service's finished requests per second: a canary is an extra pod that takes its own
+        epoch keeps only what is load-independent. The load is the whole service's finished
+        requests per second (:func:`_load`): a canary is an extra pod that takes its own
         share, so one pod's batch would move with every trial even at constant traffic.
         Small batches on both sides count as the same load (memory-bound steps).
         """
@@ -263,25 +293,23 @@ class Controller:
         windows += [x for t in self.history.in_epoch() for x in t.windows if x.incumbent]
         windows.sort(key=lambda x: x.start_s)
         if len(windows) < 2 or w.incumbent is None:
-            return False
+            return None
         first, previous = windows[0], windows[-2]
-        before, now = _service_rate(first), _service_rate(w)
+        shared = self.config.shared_traffic
+        (before, b0), (now, b1) = _load(first, shared), _load(w, shared)
         # Sustained: this window and the one before both moved the same way (completions
         # are bursty under saturation; one window is not a new load) — or this one moved
         # by the factor squared, which no burst does.
         factor = self.config.load_shift
-        moves = [_moved(first, x, factor) for x in (previous, w)]
-        large = _moved(first, w, factor * factor) != 0
+        moves = [_moved(first, x, factor, shared) for x in (previous, w)]
+        large = _moved(first, w, factor * factor, shared) != 0
         sustained = len(windows) >= 3 and moves[0] != 0 and moves[0] == moves[1]
         if not (large or sustained):
-            return False
-        b0 = first.incumbent.running if first.incumbent else math.nan
-        await self._retune(
+            return None
+        return (
             f"offered load moved from {before:.2f} to {now:.2f} requests/s (running batch "
-            f"{b0:.1f} → {w.incumbent.running:.1f} per pod) while exploring",
-            load_moved=True,
+            f"{b0:.1f} → {b1:.1f} per pod) while exploring"
         )
-        return True
 
     def _end_running(self, outcome: Outcome, reason: str) -> None:
         running = self._running()
@@ -405,36 +433,43 @@ class Controller:
             await self.step()
 
 
-def _moved(first: WindowRecord, w: WindowRecord, factor: float) -> int:
+def _moved(first: WindowRecord, w: WindowRecord, factor: float, shared: bool) -> int:
     """+1 or −1 when ``w``'s offered load is above or below ``first``'s beyond ``factor``.
 
     Small batches on both sides count as the same load (memory-bound steps).
     """
-    if first.incumbent is None or w.incumbent is None:
-        return 0
-    if max(first.incumbent.running, w.incumbent.running) < SMALL_BATCH_CHANGE:
+    (a, ba), (b, bb) = _load(first, shared), _load(w, shared)
+    if math.isnan(ba) or math.isnan(bb) or max(ba, bb) < SMALL_BATCH_CHANGE:
         return 0
     # A saturated service finishes requests at the same rate while its batch (and queue)
     # balloons: a batch growth by the factor squared counts too (a trial's canary, one
     # more pod, shifts the batch per pod by far less). Only growth: a batch that shrinks
     # at a steady rate is a warm-up or a KV pool that got smaller, not less traffic.
-    ba, bb = first.incumbent.running, w.incumbent.running
-    valid = not (math.isnan(ba) or math.isnan(bb)) and min(ba, bb) > 0
-    if valid and bb > ba and not same_load(ba, bb, factor * factor):
+    if min(ba, bb) > 0 and bb > ba and not same_load(ba, bb, factor * factor):
         return 1
-    a, b = _service_rate(first), _service_rate(w)
-    if math.isnan(a) or math.isnan(b) or min(a, b) <= 0 or same_load(a, b, factor):
+    # Rates by their ratio alone (same_load's absolute slack is in requests per pod).
+    if math.isnan(a) or math.isnan(b) or min(a, b) <= 0 or max(a, b) / min(a, b) <= factor:
         return 0
     return 1 if b > a else -1
 
 
-def _service_rate(w: WindowRecord) -> float:
-    """Finished requests per second over the window, incumbent and canary together."""
+def _load(w: WindowRecord, shared: bool) -> tuple[float, float]:
+    """(finished requests per second, running batch per pod) of the service in a window.
+
+    ``shared``: the canary serves alongside the incumbent, so the service is both groups.
+    Otherwise (in-place trials) the window's trial figures are the whole service and its
+    incumbent figures an earlier window of the same pods: the trial side alone counts.
+    """
     span = w.end_s - w.start_s
-    if span <= 0:
-        return math.nan
-    total = sum(s.requests for s in (w.incumbent, w.canary) if s is not None)
-    return total / span
+    if shared:
+        groups = [s for s in (w.incumbent, w.canary) if s is not None]
+        own = w.incumbent
+    else:
+        own = w.canary or w.incumbent
+        groups = [own] if own is not None else []
+    if span <= 0 or own is None:
+        return math.nan, math.nan
+    return sum(s.requests for s in groups) / span, own.running
 
 
 def _first_position(s: WindowStats) -> float:

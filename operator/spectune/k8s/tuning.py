@@ -63,7 +63,6 @@ from spectune.api.status import (
     parse_status,
 )
 from spectune.control.controller import Controller, Event
-from spectune.control.controller import Phase as LoopPhase
 from spectune.control.groups import PairedSources, WindowedSource
 from spectune.control.ports import Deployment, Group, GroupMetrics
 from spectune.diagnose import diagnose
@@ -838,14 +837,6 @@ class TuningLoop:
                 await c._retune(
                     f"the target Deployment came back running {now_arm.name}, not {self._missing}"
                 )
-        if spec.search.strategy is Strategy.IN_PLACE:
-            # A trial window's incumbent is an earlier window of the same pods, so the
-            # controller's service rate (incumbent + canary requests) would count the
-            # traffic twice while exploring and see a load move that is not there. The
-            # incumbent windows are chosen at the trial's load instead (InPlaceMetrics).
-            exploring = c.state.phase is LoopPhase.EXPLORING
-            base = to_controller_config(spec).load_shift
-            c.config = replace(c.config, load_shift=math.inf if exploring else base)
         if self._routes_unset(b):
             watch = b.actuator._routes
             assert watch is not None

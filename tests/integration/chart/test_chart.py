@@ -255,7 +255,10 @@ def test_install_example_and_uninstall(cluster: Cluster, namespace: str, mode: s
         assert _can(cluster, sa, "patch", "spectunings.spectune.io/status", watched)
         assert _can(cluster, sa, "create", "deployments.apps", watched)
         assert not _can(cluster, sa, "update", "deployments.apps", watched)
-        assert not _can(cluster, sa, "get", "secrets", watched)
+        # authSecretRef reads one named Secret; listing or watching them is never granted.
+        assert _can(cluster, sa, "get", "secrets", watched)
+        assert not _can(cluster, sa, "list", "secrets", watched)
+        assert not _can(cluster, sa, "watch", "secrets", watched)
         other = "kube-system"
         assert _can(cluster, sa, "list", "spectunings.spectune.io", other) is (
             mode == "cluster-wide"

@@ -68,6 +68,8 @@ class FakeFleet:
     promotions: list[str] = field(default_factory=list)
     load: float = 1.0
     """Offered load relative to the start: scales requests finished and the batch."""
+    in_place: bool = False
+    """Trials replace the service (in place) instead of taking a third of its traffic."""
 
     async def deployment(self) -> Deployment:
         failure = None
@@ -88,7 +90,7 @@ class FakeFleet:
         self.promotions.append(arm.name)
         self.incumbent = arm
 
-    def _obs(self, arm: Arm, window: float) -> Observation:
+    def _obs(self, arm: Arm, window: float, share: float = 1.0) -> Observation:
         s = self.world.stats(arm)
         spec = None
         if arm.drafter is not None:
@@ -96,17 +98,24 @@ class FakeFleet:
             spec = SpecCounts(s.drafts, s.drafts * arm.k, sum(per_pos), per_pos)
         return Observation(
             dialect=Dialect.VLLM_V1, window_s=window, pods=("p",), spec=spec,
-            running=4.0 * self.load, tpot=fake_hist(s.tpot_mean, 400 * self.load),
+            running=4.0 * self.load, tpot=fake_hist(s.tpot_mean, 400 * self.load * share),
             ttft=fake_hist(0.2), queue=fake_hist(0.01),
-            e2e=fake_hist(5.0, 400 * self.load), generation_tokens=1000.0 * window * self.load,
+            e2e=fake_hist(5.0, 400 * self.load * share),
+            generation_tokens=1000.0 * window * self.load * share,
         )  # fmt: skip
 
     async def observe(self, window_s: float) -> dict[Group, Observation]:
         await self.clock.sleep(window_s)
-        out = {Group.INCUMBENT: self._obs(self.incumbent, window_s)}
         if self.canary is not None and self.clock.t - window_s >= self.canary_ready_at:
-            out[Group.CANARY] = self._obs(self.canary, window_s)
-        return out
+            # Beside the incumbent the canary pod takes a third of the traffic; in place it
+            # is the service, and the incumbent's figures are a replay at the same load.
+            can_share = 1.0 if self.in_place else 1 / 3
+            inc_share = 1.0 if self.in_place else 2 / 3
+            return {
+                Group.INCUMBENT: self._obs(self.incumbent, window_s, inc_share),
+                Group.CANARY: self._obs(self.canary, window_s, can_share),
+            }
+        return {Group.INCUMBENT: self._obs(self.incumbent, window_s)}
 
 
 SPACE = SearchSpace((DrafterSpec("eagle3", "eagle3", 8), DrafterSpec("ngram", "ngram", 8)))
@@ -222,8 +231,8 @@ def test_a_large_load_move_while_exploring_reopens_the_search_without_a_baseline
     fleet.load = 10.0  # one window at ten times the traffic is no burst
     run_until(c, lambda: any(e.reason == "Retune" for e in events))
     retune = next(e for e in events if e.reason == "Retune")
-    assert "offered load moved from 1.33 to 26.67 requests/s" in retune.message
-    assert "running batch 6.7 → 66.7 per pod" in retune.message
+    assert "offered load moved from 1.33 to 13.33 requests/s" in retune.message
+    assert "running batch 6.7 → 44.4 per pod" in retune.message
     assert c.history.epoch == 1 and c.history.epoch in c.history.load_epochs
     # Acceptance is known and the incumbent is measured alongside every trial: the new
     # epoch goes straight to a trial, and the load rose, so a shorter k is measured.
@@ -244,3 +253,14 @@ def test_evidence_older_than_two_windows_is_refreshed_before_the_next_trial() ->
     asyncio.run(c.step())
     assert fleet.starts == starts  # no trial chosen on stale figures
     assert len(c.history.baseline_windows()) == 2
+
+
+def test_in_place_trials_count_the_traffic_once() -> None:
+    # In place, a trial window's incumbent figures are an earlier window of the same pods:
+    # adding them to the trial's would double the load and re-open the search for nothing.
+    clock = FakeClock()
+    for shared, retunes in ((False, 0), (True, 1)):
+        fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"), in_place=True)
+        c, events = make(fleet, clock, shared_traffic=shared)
+        run_until(c, lambda: c.state.phase is Phase.MONITORING or c.history.epoch > 0)
+        assert len([e for e in events if e.reason == "Retune"]) == retunes
