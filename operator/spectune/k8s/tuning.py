@@ -846,7 +846,10 @@ class TuningLoop:
         conditions = [_cond("Ready", True, "Tuning", "tuning runs")]
         phase = api_phase(b.controller.state.phase)
         if self._status.phase is not phase:
-            # Say where the loop stands before a step that may take a whole window.
+            # Say where the loop stands before a step that may take a whole window, and what
+            # the target runs (the incumbent), so the first window's status is not blank.
+            seen = b.actuator.last
+            incumbent = seen.incumbent if seen is not None else None
             await self._write(
                 StatusInputs(
                     phase=phase,
@@ -854,6 +857,8 @@ class TuningLoop:
                     now=_now(),
                     conditions=tuple(conditions),
                     memory=self._memory(),
+                    applied=incumbent,
+                    fingerprint=self._fingerprint(spec, incumbent),
                 )
             )
         try:
@@ -885,11 +890,7 @@ class TuningLoop:
                 conditions=tuple(conditions),
                 memory=Memory(c.history, c.state, b.original),
                 applied=applied,
-                fingerprint=(
-                    fingerprint(spec_config_for(applied, drafters_of(spec)))
-                    if applied is not None
-                    else None
-                ),
+                fingerprint=self._fingerprint(spec, applied),
                 decision=c.last_decision,
                 minimise=c.objective.metric.minimise,
                 acceptance=self._acceptance(b),
@@ -899,6 +900,13 @@ class TuningLoop:
                 engine=b.engine,
             )
         )
+
+    @staticmethod
+    def _fingerprint(spec: SpecTuningSpec, applied: Arm | None) -> str | None:
+        """The fingerprint of the arm in ``status.applied`` (as spectune renders it)."""
+        if applied is None:
+            return None
+        return fingerprint(spec_config_for(applied, drafters_of(spec)))
 
     def _routes_unset(self, b: _Built) -> bool:
         """Whether a traffic mix is watched but the search has no reference mix yet.
@@ -999,6 +1007,8 @@ class TuningLoop:
         source, _, waits, _ = await self._sources(spec, _TrackingActuator(kube))
         window = s.scaled(parse_window(spec))
         gen = self._generation
+        running = current_spec(target, container, engine.value)
+        arm = arm_from_spec(running, drafters_of(spec))
         if self._status.phase is None or self._status.phase is Phase.FAILED:
             await self._write(
                 StatusInputs(
@@ -1014,6 +1024,8 @@ class TuningLoop:
                         ),
                     ),
                     model_version=model_version(target, container, engine.value),
+                    applied=arm,
+                    fingerprint=fingerprint(running),
                 )
             )
         if not waits:
@@ -1042,7 +1054,6 @@ class TuningLoop:
                 )
             )
             return
-        arm = arm_from_spec(current_spec(target, container, engine.value), drafters_of(spec))
         objective = to_objective(spec)
         stats = window_stats(obs, objective)
         findings = None
@@ -1108,7 +1119,7 @@ class TuningLoop:
                 findings=findings,
                 model_version=model_version(target, container, engine.value),
                 applied=arm,
-                fingerprint=fingerprint(current_spec(target, container, engine.value)),
+                fingerprint=fingerprint(running),
             )
         )
 

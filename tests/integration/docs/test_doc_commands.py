@@ -199,7 +199,8 @@ def _target(namespace: str) -> dict[str, object]:
 def _edited_example(cwd: Path, prometheus_url: str) -> None:
     """examples/spectuning.yaml edited as the walkthrough's step 1 says."""
     doc = yaml.safe_load((REPO / "examples" / "spectuning.yaml").read_text())
-    doc["spec"]["metrics"]["prometheus"] = {"url": prometheus_url}  # authSecretRef deleted
+    assert set(doc["spec"]["metrics"]["prometheus"]) == {"url"}, "the example needs no Secret"
+    doc["spec"]["metrics"]["prometheus"]["url"] = prometheus_url
     # Shorter than the example's 5m, so that the suspension (which takes effect when the
     # current window ends) is seen within the test.
     doc["spec"]["search"]["window"] = "30s"
@@ -300,13 +301,22 @@ def test_install_walkthrough_and_status_commands_on_the_cluster(
             assert _columns(table[0]) == header, table[0]
         for table in tables[1:]:  # measured by then: every column filled
             assert len(_columns(table[1])) == len(header), table[1]
-        # the first window is still running: the columns are empty, as the walkthrough shows
-        assert len(_columns(got[-1])) == len(baseline_row) == 3, (got[-1], baseline_row)
+        # The first window is still running: the incumbent's drafter and k (the target runs
+        # eagle3 at k = 4, as in the walkthrough), acceptance and speedup still empty.
+        shown = ["llama-70b", "Baseline", "eagle3", "4"]
+        assert _columns(got[-1])[:4] == baseline_row[:4] == shown, (got[-1], baseline_row)
+        assert len(_columns(got[-1])) == len(baseline_row) == 5, (got[-1], baseline_row)
 
         status = yaml.safe_load(shell.run("kubectl get spt -n llm llama-70b -o yaml").stdout)[
             "status"
         ]
         assert status["phase"] == "Baseline"
+        # status.md: applied is what the target runs, with the fingerprint on the target.
+        notes = json.loads(
+            cluster.kubectl("get", "deploy", "-n", "llm", "llama-70b", "-o", "json").stdout
+        )["metadata"]["annotations"]
+        assert status["applied"]["arm"] == "eagle3/4", status["applied"]
+        assert status["applied"]["fingerprint"] == notes["spectune.io/fingerprint"], notes
         described = shell.run("kubectl describe spt -n llm llama-70b").stdout
         assert "Phase:" in described and "Baseline" in described and "Events:" in described
         shell.run("kubectl get events -n llm --field-selector involvedObject.name=llama-70b")
