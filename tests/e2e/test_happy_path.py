@@ -6,8 +6,8 @@ ServiceAccount; see ``conftest.py``). A vLLM-style Deployment ``llama-70b`` runs
 nodes; each of its pods (and each canary pod the operator creates) is a
 ``spectune sim serve`` process of ``chat-e2e.yaml`` scraped by a real Prometheus that
 evaluates the chart's rules. The SpecTuning is ``examples/spectuning.yaml`` exactly as shipped,
-applied with ``kubectl apply -f``, plus the Secret its ``authSecretRef`` names; its Prometheus URL
-stays as shipped too: the chart's ``operator.prometheusUrl`` points the operator at the
+applied with ``kubectl apply -f`` and nothing else (it needs no other object); its Prometheus
+URL stays as shipped too: the chart's ``operator.prometheusUrl`` points the operator at the
 test's Prometheus.
 
 Time is scaled: the simulator and the operator run 60x faster than the wall clock (the
@@ -196,12 +196,9 @@ def world(
         rules_prometheus.wait_for_series(
             f'vllm:num_requests_running{{namespace="{ns}"}}', timeout=60
         )
-        # The example exactly as shipped, with the Secret its authSecretRef names (Prometheus
-        # ignores the token). Its Prometheus URL is overridden by the chart's
-        # operator.prometheusUrl, as a user whose operator reaches Prometheus elsewhere does.
-        cluster.kubectl(
-            "-n", ns, "create", "secret", "generic", "prom-auth", "--from-literal=token=e2e"
-        )  # fmt: skip
+        # The example exactly as shipped, and no other object (no Secret: it names none). Its
+        # Prometheus URL is overridden by the chart's operator.prometheusUrl, as a user whose
+        # operator reaches Prometheus elsewhere does.
         cluster.kubectl("-n", ns, "apply", "-f", str(EXAMPLE))
 
         def settled() -> dict[str, Any] | None:
