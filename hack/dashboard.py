@@ -219,7 +219,8 @@ def dashboard() -> dict[str, Any]:
                 ),
             ],
             "Each SpecTuning: phase, applied k (0: off), trials in its status (the latest 20), "
-            "expected speedup, metric windows lost in the last hour (from the operator's /metrics).",
+            "expected speedup, metric windows lost in the last hour "
+            "(from the operator's /metrics).",
             transformations=[
                 {"id": "merge", "options": {}},
                 {

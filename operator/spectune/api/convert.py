@@ -6,9 +6,10 @@ loop's timing and thresholds (:func:`to_controller_config`). The API's enums and
 are a versioned contract and the brain's are not, so they meet here, in one place, and a
 test checks that every API value has a counterpart.
 
-Spec fields the brain has no setting for yet are not mapped: ``search.minDrafts``,
-``search.schedule``, ``search.strategy``/``canaryReplicas`` (the actuator's business) and
-``retune.onModelChange``/``onRouteChange``.
+Spec fields the brain has no setting for are not mapped: ``search.minDrafts``,
+``search.schedule``, ``canaryReplicas`` (the actuator's business) and
+``retune.onRouteChange`` (the route watch in ``k8s/routes.py`` does not run without it);
+``search.strategy`` maps to whether trial and incumbent share the traffic.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def to_controller_config(spec: SpecTuningSpec, *, seed: int = 0) -> ControllerCo
         drift_for_s=parse_duration(retune.drift.for_, "spec.retune.drift.for"),
         drift_action=_DRIFT_ACTIONS[retune.drift.action],
         retune_every_s=(parse_duration(every, "spec.retune.every") if every is not None else None),
+        retune_on_model_change=retune.on_model_change,
         shared_traffic=search.strategy is not Strategy.IN_PLACE,
         seed=seed,
     )

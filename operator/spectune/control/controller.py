@@ -67,6 +67,8 @@ class ControllerConfig:
     retune_every_s: float | None = None
     load_shift: float = 1.6
     """A sustained change of the running batch by this factor re-opens the search."""
+    retune_on_model_change: bool = True
+    """A model-version change re-opens the search; False only records the new version."""
     shared_traffic: bool = True
     """Trials run on canary pods beside the incumbent (the service's load is both groups);
     False for in-place trials, whose incumbent figures are an earlier window of the same
@@ -155,7 +157,14 @@ class Controller:
             return False
         why = None
         if dep.model_version != st.model_version:
-            why = f"model version changed {st.model_version} → {dep.model_version}"
+            change = f"model version changed {st.model_version} → {dep.model_version}"
+            if not self.config.retune_on_model_change:
+                self.state = replace(st, model_version=dep.model_version)
+                self._event(
+                    "ModelChange", f"{change}; retune.onModelChange is false: not re-tuning"
+                )
+                return False
+            why = change
         elif dep.routes and st.routes and dep.routes != st.routes:
             why = "traffic routes changed"
         if why is None:
@@ -227,8 +236,10 @@ class Controller:
             ):
                 started = self.state.trial_started_s or self.clock.now()
                 if self.clock.now() - started > self.config.ready_timeout_s:
-                    self._end_running(Outcome.INFEASIBLE, "canary never became ready")
+                    why = f"canary never became ready in {self.config.ready_timeout_s:g}s"
+                    self._end_running(Outcome.INFEASIBLE, why)
                     await self.actuator.stop_canary()
+                    self._event("TrialInfeasible", f"{running.arm}: {why}")
                 else:
                     await self.clock.sleep(self.config.poll_s)
                 return

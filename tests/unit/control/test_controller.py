@@ -186,6 +186,30 @@ def test_a_model_version_change_reopens_the_search_in_a_new_epoch() -> None:
     assert "off" not in [t.arm for t in c.history.in_epoch()]
 
 
+def test_with_on_model_change_false_a_new_version_is_recorded_not_retuned() -> None:
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
+    c, events = make(fleet, clock, retune_on_model_change=False)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    fleet.model_version = "v2"
+    asyncio.run(c.step())
+    assert c.history.epoch == 0 and c.state.phase is Phase.MONITORING
+    assert c.state.model_version == "v2"
+    assert [e.reason for e in events if "v1 → v2" in e.message] == ["ModelChange"]
+
+
+def test_a_canary_that_never_becomes_ready_is_infeasible_with_an_event() -> None:
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"), restart_s=10_000)
+    c, events = make(fleet, clock, ready_timeout_s=600)
+    run_until(c, lambda: any(e.reason == "TrialInfeasible" for e in events))
+    first = c.history.in_epoch()[0]
+    assert first.outcome is Outcome.INFEASIBLE
+    assert "never became ready in 600s" in next(
+        e.message for e in events if e.reason == "TrialInfeasible"
+    )
+
+
 def test_an_acceptance_drop_that_persists_is_drift() -> None:
     clock = FakeClock()
     fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
@@ -258,9 +282,12 @@ def test_evidence_older_than_two_windows_is_refreshed_before_the_next_trial() ->
 def test_in_place_trials_count_the_traffic_once() -> None:
     # In place, a trial window's incumbent figures are an earlier window of the same pods:
     # adding them to the trial's would double the load and re-open the search for nothing.
-    clock = FakeClock()
-    for shared, retunes in ((False, 0), (True, 1)):
+    def retunes(shared: bool) -> int:
+        clock = FakeClock()
         fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"), in_place=True)
         c, events = make(fleet, clock, shared_traffic=shared)
         run_until(c, lambda: c.state.phase is Phase.MONITORING or c.history.epoch > 0)
-        assert len([e for e in events if e.reason == "Retune"]) == retunes
+        return len([e for e in events if e.reason == "Retune"])
+
+    assert retunes(shared=False) == 0
+    assert retunes(shared=True) == 1  # what counting both sides would have done
