@@ -119,13 +119,18 @@ def _targets(results: dict[str, dict[str, dict[str, Any]]], grid_pass: dict[str,
             continue
         eff = ours["efficiency"]
         effs.append(eff)
-        verdicts = []
+        groups: dict[str, list[str]] = {"better than": [], "tie with": [], "WORSE than": []}
         for policy, doc in docs.items():
             if policy in ("spectune", "oracle", "grid") or doc["efficiency"] is None:
                 continue
             other = doc["efficiency"]
-            word = "tie" if abs(eff - other) < 1e-3 else ("better" if eff > other else "WORSE")
-            verdicts.append(f"{word} than {policy} ({other:.3f})")
+            word = (
+                "tie with"
+                if abs(eff - other) < 1e-3
+                else ("better than" if eff > other else "WORSE than")
+            )
+            groups[word].append(f"{policy} {other:.3f}")
+        verdicts = [f"{word} {', '.join(names)}" for word, names in groups.items() if names]
         ratio = ours["trials"] / grid_pass[name]
         table.add_row(
             name,
