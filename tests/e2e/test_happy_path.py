@@ -302,15 +302,6 @@ def test_kubectl_get_spt_shows_phase_drafter_k_acceptance_and_speedup(world: Wor
     assert float(cols["SPEEDUP"]) > 1.0, cols  # off is ~1.6x slower on this scenario
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "product bug (seen once, may depend on timing): status.acceptance.rate of eagle3/3 was "
-        "0.24 while Prometheus' accepted/drafted for the same pods was 0.54; "
-        "k8s/projection.acceptance_of divides sum(per_pos[:k]) by WindowStats.k, which looks "
-        "like the previous incumbent's k (8) right after a promotion"
-    ),
-)
 def test_kubectl_acceptance_agrees_with_the_charts_recording_rule(world: World) -> None:
     cols = dict(
         zip(
@@ -387,10 +378,12 @@ def test_an_acceptance_drop_fires_the_drift_alert(world: World) -> None:
 @pytest.mark.xfail(
     strict=False,
     reason=(
-        "product bug (seen in 1 of 2 runs): with a per-batch-size schedule incumbent "
+        "seen in 1 of 2 runs: with a per-batch-size schedule incumbent "
         "(eagle3/sched:1-172=3,173-1024=1) the operator recorded no AcceptanceDrift within "
         "180 s (3 h of spec time, drift.for 30m) after the drop that fired the Prometheus "
-        "alert in 16 s; with a static incumbent (eagle3/1) it did"
+        "alert in 16 s; with a static incumbent (eagle3/1) it did. Not reproduced in the "
+        "loop (tests/unit/control: a schedule incumbent drifts); suspected: the search "
+        "re-converged late, so its reference window already had the dropped acceptance"
     ),
 )
 def test_the_operator_records_the_drift_and_acts_per_drift_action(world: World) -> None:

@@ -9,8 +9,11 @@ the integration tier also sends to the real API server) rather than copying them
 what no layer's own tests had in one place. Cases the product gets wrong today are marked
 ``xfail(strict=True)`` with the reason, so fixing one turns its row red until the mark goes.
 
-The cluster-side cases (a ``targetRef`` to a Deployment that does not exist, a selector the
-CRD lets through) need the operator and live in ``tests/e2e/test_bad_input_cluster.py``.
+The cluster-side cases (invalid SpecTunings sent to the real API server, a ``targetRef`` to a
+Deployment that does not exist) need the operator: ``tests/integration/k8s`` sends
+``bad_specs`` to the API server, and ``tests/integration/operator/test_faults.py`` covers a
+target Deployment that goes missing while tuning (the status names it; tuning resumes when
+it returns).
 """
 
 from __future__ import annotations
@@ -142,7 +145,6 @@ CASES: list[Case] = [
         "prometheus-url-port-out-of-range",
         _spec(metrics__prometheus__url="http://prometheus:99999"),
         ("spec.metrics.prometheus.url", "99999"),
-        xfail="api: the URL check accepts a port above 65535",
     ),
     Case(
         "spectuning",
@@ -161,17 +163,12 @@ CASES: list[Case] = [
         "selector-unquoted-value",
         _spec(metrics__prometheus__selector="{namespace=llm}"),
         ("spec.metrics.prometheus.selector", "namespace=llm"),
-        xfail=(
-            "api: spec.metrics.prometheus.selector only checks the braces; metrics' "
-            "validate_selector refuses it later, at the first query"
-        ),
     ),
     Case(
         "spectuning",
         "selector-empty",
         _spec(metrics__prometheus__selector="{}"),
         ("spec.metrics.prometheus.selector",),
-        xfail="api: an empty selector {} is accepted (it would select every series)",
     ),
     # the operator's environment
     Case(
@@ -243,21 +240,12 @@ CASES: list[Case] = [
         "one-counter-backwards-others-forward",
         (vllm_page(50_000, [40_000, 30_000]), vllm_page(49_000, [40_500, 30_200])),
         ("llama-70b-7d9c-abcde", "vllm:spec_decode_num_drafts_total"),
-        xfail=(
-            "metrics: a single counter going back while its siblings go forward (two pods "
-            "behind one address, e.g. a Service scraped instead of pods) is read as a restart "
-            "of that counter alone, which yields a bogus acceptance; it should be refused"
-        ),
     ),
     Case(
         "metrics-window",
         "end-page-truncated-before-the-spec-counters",
         (PAGE, PAGE[: PAGE.rindex("\n", 0, _CUT) + 1]),
         ("llama-70b-7d9c-abcde", "spec_decode"),
-        xfail=(
-            "metrics: an end page cut at a line boundary before the spec_decode counters "
-            "reads as 'speculation off' instead of an error naming the missing series"
-        ),
     ),
     # scenario files
     Case(

@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, WithJsonSchema
 from pydantic.alias_generators import to_camel
@@ -25,6 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from spectune.durations import parse_duration
 from spectune.errors import InputError, SpecError
+from spectune.selectors import validate_selector
 
 __all__ = [
     "DURATION_PATTERN",
@@ -84,6 +86,10 @@ def _check_url(value: str) -> str:
         raise ValueError(
             f"{value!r} is not an http(s) URL; write e.g. http://prometheus.monitoring:9090"
         )
+    try:
+        urlsplit(value).port  # noqa: B018 - raises on a port outside 0..65535
+    except ValueError:
+        raise ValueError(f"{value!r} has a port outside 1..65535") from None
     return value
 
 
@@ -93,6 +99,10 @@ def _check_selector(value: str) -> str:
             f"{value!r} is not a label selector; write label matchers in braces, e.g. "
             f'{{namespace="llm",pod=~"llama-.*"}}'
         )
+    try:
+        validate_selector(value)  # the Prometheus source's own check: each matcher quoted
+    except InputError as exc:
+        raise ValueError(str(exc)) from None
     return value
 
 

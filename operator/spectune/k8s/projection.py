@@ -135,7 +135,12 @@ def acceptance_of(stats: WindowStats | None, window_s: float) -> Acceptance | No
     if stats is None or not stats.drafts > 0 or stats.k < 1:
         return None
     per_pos = tuple(min(1.0, max(0.0, a / stats.drafts)) for a in stats.accepted_per_pos)
-    if per_pos:
+    accepted = (stats.mean_accepted_length - 1) * stats.drafts
+    if stats.draft_tokens > 0 and math.isfinite(accepted):
+        # The engine's own rate. Not Σ P(L ≥ i) / k: a window that spans a rollout holds
+        # positions of the old k beside passes of the new one.
+        rate = accepted / stats.draft_tokens
+    elif per_pos:
         rate = sum(per_pos[: stats.k]) / stats.k
     elif math.isfinite(stats.mean_accepted_length):
         rate = (stats.mean_accepted_length - 1) / stats.k

@@ -344,6 +344,8 @@ def observation_from_pages(
 
     for pod, end in ends.items():
         beg = start.get(pod)
+        if beg is not None:
+            _check_one_process(pod, beg, end, (cat.drafts, cat.draft_tokens, cat.accepted_tokens))
         reset = False
 
         def counter(
@@ -453,6 +455,37 @@ def observation_from_pages(
         resets=tuple(resets),
         failed_pods=dict(failed_pods or {}),
     )
+
+
+def _check_one_process(pod: str, beg: Snapshot, end: Snapshot, names: Sequence[str | None]) -> None:
+    """Refuse a page pair that cannot be one engine process at two moments.
+
+    A restart resets every counter together, so among the speculation counters one going
+    back while another goes forward means two processes behind one address (a Service
+    scraped instead of its pods) — read as a restart it would invent an acceptance. A
+    speculation counter on the start page and missing from the end page is a truncated
+    page (an engine cannot stop speculating without a new pod).
+    """
+    back: list[str] = []
+    forward: list[str] = []
+    for name in names:
+        if name is None or not beg.has(name):
+            continue
+        if not end.has(name):
+            raise InputError(
+                f"pod {pod}: {name} is on the window's first page but missing from its last; "
+                "the end page looks truncated"
+            )
+        was, now = _sum(_by_labels(beg.series(name))), _sum(_by_labels(end.series(name)))
+        if now < was:
+            back.append(name)
+        elif now > was:
+            forward.append(name)
+    if back and forward:
+        raise InputError(
+            f"pod {pod}: {', '.join(back)} went backwards while {', '.join(forward)} went "
+            "forward; these pages are not one engine process (scrape the pods, not a Service)"
+        )
 
 
 def _sum_opt(values: Sequence[float | None]) -> float | None:

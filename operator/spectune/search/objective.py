@@ -99,6 +99,9 @@ class WindowStats:
     mean_accepted_length: float
     num_gpu_blocks: int | None
     preemptions: float
+    draft_tokens: float = math.nan
+    """Draft tokens proposed over the window (NaN where the dialect exports none): with
+    accepted tokens, the engine's own acceptance rate, whatever k each pod ran."""
 
 
 #: Batches closer than this many requests cost the same per step (memory-bound), whatever
@@ -228,4 +231,7 @@ def window_stats(obs: Observation, objective: Objective) -> WindowStats:
         mean_accepted_length=mal,
         num_gpu_blocks=obs.num_gpu_blocks,
         preemptions=obs.preemptions or 0.0,
+        draft_tokens=(
+            spec.draft_tokens if spec is not None and spec.draft_tokens is not None else math.nan
+        ),
     )

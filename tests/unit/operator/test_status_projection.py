@@ -87,6 +87,21 @@ def test_acceptance_from_per_position_counts() -> None:
     assert acceptance_of(_stats(0.03), 10.0) is None  # off: no drafts, no acceptance
 
 
+def test_acceptance_across_a_rollout_is_the_engines_own_rate() -> None:
+    # A window spanning a promotion 8 → 3: old pods' passes reported positions 4..8 while
+    # the new pods drafted 3 tokens a pass. Σ P(L ≥ i) / 8 would read 0.24; the engine's
+    # accepted / draft tokens is what `spectune:acceptance_rate` shows.
+    per_pos = (700, 500, 300, 60, 40, 20, 10, 5)  # Σ = 1635 accepted of 1000 passes
+    stats = replace(
+        _stats(0.02, k=8, drafts=1000, per_pos=per_pos),
+        mean_accepted_length=2.635,
+        draft_tokens=3000.0,
+    )
+    acc = acceptance_of(stats, 10.0)
+    assert acc is not None
+    assert math.isclose(acc.rate, 1635 / 3000)
+
+
 def test_recommendation_speedup_is_against_off() -> None:
     est = {
         "off": Estimate(1.0, 0.97, 1.03, True),
