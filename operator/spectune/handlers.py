@@ -46,6 +46,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         prefix=_PREFIX, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
+    if cfg.namespaces:
+        # A fixed list of namespaces needs no cluster-wide namespace scan: without this kopf
+        # tries to list namespaces, is refused by namespaced RBAC and falls back only after
+        # about a minute of retries.
+        settings.scanning.disabled = True
     memo.api = api_client()
     memo.clock = WallClock()
     memo.telemetry = OperatorMetrics()
