@@ -13,7 +13,9 @@ in kopf's ``memo``, set at start-up; there are no module globals.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,6 +34,8 @@ from spectune.settings import Settings
 __all__ = ["run_operator"]
 
 _PREFIX = "spectune.io"
+#: Threads for the blocking Kubernetes and Prometheus calls of every SpecTuning together.
+IO_THREADS = 64
 
 
 @kopf.on.startup()
@@ -51,6 +55,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         # tries to list namespaces, is refused by namespaced RBAC and falls back only after
         # about a minute of retries.
         settings.scanning.disabled = True
+    # The Kubernetes and Prometheus clients block, so every call runs in a thread; asyncio's
+    # default pool (CPU count + 4 threads) queues hundreds of SpecTunings' calls behind
+    # each other, and a window's reads arrive late. The calls wait on the network.
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="spectune-io")
+    )
     memo.api = api_client()
     memo.clock = WallClock()
     memo.telemetry = OperatorMetrics()

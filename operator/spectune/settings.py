@@ -14,7 +14,8 @@ variable                        meaning
 ``SPECTUNE_LIVENESS_PORT``      port of kopf's ``/healthz`` liveness endpoint; 0: off
 ``SPECTUNE_METRICS_PORT``       port of the operator's own ``/metrics``; 0: off
 ``SPECTUNE_POLL_SECONDS``       how often to look again while waiting (rollouts, a
-                                suspended or paused SpecTuning), seconds
+                                suspended or paused SpecTuning, a spec or model change
+                                during a window), seconds
 ``SPECTUNE_METRICS_FAILURES``   consecutive failed windows during a trial before it ends
 ``SPECTUNE_TIME_SCALE``         divides every duration of a spec (window, drift ``for``,
                                 ``every``) and the readiness timeout: for demos and tests

@@ -161,6 +161,10 @@ class _SpecChangedError(SpecTuneError):
     """The spec changed (e.g. ``suspend: true``) while a step was under way: do not act on it."""
 
 
+class _WindowCutError(SpecTuneError):
+    """A window was cut short: the spec or the target's model changed while it ran."""
+
+
 class _TrackingActuator:
     """The strategy's actuator, remembering what it last saw (the canary's pods need it).
 
@@ -748,6 +752,28 @@ class TuningLoop:
             lambda: holder[0].state.routes if holder else None,
         )
         incumbent, canary, waits, prom_source = await self._sources(spec, actuator)
+        container = spec.target_ref.container
+
+        async def window_sleep(seconds: float) -> None:
+            """Wait out a window, looking every poll for a reason to stop waiting.
+
+            A changed spec (``suspend: true``, a new search) or a new model version of the
+            target makes the rest of the window worthless: the window is dropped and the
+            next step acts on the change within a poll, not a window later.
+            """
+            end = self._clock.now() + seconds
+            while (left := end - self._clock.now()) > 0:
+                await self._clock.sleep(min(left, cfg.poll_s))
+                if left <= cfg.poll_s:
+                    return
+                if self._generation != built_for:
+                    raise _WindowCutError("the spec changed during the window")
+                known = holder[0].state.model_version if holder else None
+                if known is not None:
+                    live = model_version(await first.read_target(), container, engine.value)
+                    if live != known:
+                        raise _WindowCutError(f"the model version changed to {live}")
+
         if mix is not None and spec.retune.on_route_change and prom_source is not None:
             routes = RouteWatch(prom_source.query, mix.query, mix.threshold, self._route_change)
             actuator._routes = routes
@@ -779,7 +805,7 @@ class TuningLoop:
                 cfg.load_shift,
             )
         else:
-            inner_metrics = PairedSources(incumbent, canary, self._clock.sleep, waits=waits)
+            inner_metrics = PairedSources(incumbent, canary, window_sleep, waits=waits)
         metrics = _RecordingMetrics(inner_metrics)
         controller = Controller(
             policy=SpectunePolicy(),
@@ -877,9 +903,9 @@ class TuningLoop:
             )
         except MetricsOutageError as exc:
             conditions.append(await self._outage(b, str(exc)))
-        except _SpecChangedError as exc:
+        except (_SpecChangedError, _WindowCutError) as exc:
             log.info("%s/%s: %s", self._ns, self._name, exc)
-            return  # the next turn reads the new spec (suspend, mode, search ...)
+            return  # the next turn acts on it (suspend, mode, search, a new model ...)
         dep = b.actuator.last
         applied = dep.incumbent if dep is not None else None
         await self._write(

@@ -268,3 +268,33 @@ async def test_route_change_off_ignores_the_mix(world: FakeWorld) -> None:
     world.mix = _mix(1, 9)
     await loop.turn()
     assert "RouteChange" not in world.reasons() and "Retune" not in world.reasons()
+
+
+# -- a model change during a window ----------------------------------------------------------
+
+
+async def test_a_new_model_version_cuts_the_window_and_reopens_within_a_poll(
+    world: FakeWorld,
+) -> None:
+    """The target's spectune.io/model-version annotation changes 5 s into a 60 s window:
+    the operator notices at its next poll (1 s here), drops the rest of the window, and the
+    next turn re-opens the search — a user waits a poll, not a window."""
+    loop = _loop(world, _body(search={"window": "60s"}))
+    clock = loop._clock
+    start = clock.t
+    plain_sleep = clock.sleep
+
+    async def sleep(seconds: float) -> None:
+        await plain_sleep(seconds)
+        if clock.t - start >= 5:
+            meta = world.target["metadata"]  # type: ignore[index]
+            meta.setdefault("annotations", {})["spectune.io/model-version"] = "v2"
+
+    clock.sleep = sleep  # type: ignore[method-assign]
+    await loop.turn()
+    assert clock.t - start < 10, "the window ran on after the model changed"
+    assert "Retune" not in world.reasons()
+    await loop.turn()
+    retune = next(m for _, r, m in world.events if r == "Retune")
+    assert "v2" in retune, retune
+    assert clock.t - start < 10
