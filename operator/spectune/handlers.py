@@ -35,7 +35,7 @@ __all__ = ["run_operator"]
 
 _PREFIX = "spectune.io"
 #: Threads for the blocking Kubernetes and Prometheus calls of every SpecTuning together.
-IO_THREADS = 64
+IO_THREADS = 16
 
 
 @kopf.on.startup()
@@ -61,7 +61,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="spectune-io")
     )
-    memo.api = api_client()
+    memo.api = api_client(connections=IO_THREADS)
     memo.clock = WallClock()
     memo.telemetry = OperatorMetrics()
     if cfg.metrics_port:

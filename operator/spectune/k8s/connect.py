@@ -13,12 +13,18 @@ from kubernetes.config.config_exception import ConfigException
 __all__ = ["api_client"]
 
 
-def api_client() -> k8s.ApiClient:
-    """A client for the cluster the operator runs in (or the current kubeconfig context)."""
+def api_client(connections: int | None = None) -> k8s.ApiClient:
+    """A client for the cluster the operator runs in (or the current kubeconfig context).
+
+    ``connections``: how many connections to the API server to keep open — as many as
+    threads call it at once, or the pool (5 per CPU by default) drops and re-opens TLS
+    connections under load.
+    """
+    cfg = k8s.Configuration()
     try:
-        cfg = k8s.Configuration()
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return k8s.ApiClient(cfg)
     except ConfigException:
-        api: k8s.ApiClient = config.new_client_from_config()  # type: ignore[no-untyped-call]
-        return api
+        config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    if connections is not None:
+        cfg.connection_pool_maxsize = connections
+    return k8s.ApiClient(cfg)
