@@ -253,9 +253,9 @@ class Controller:
                     dep.incumbent.name,
                 )
                 self.history = self.history.update_last(running.with_window(w))
-                why = self._load_move(w)
-                if why is not None:
-                    await self._promote_then_retune(dep, why)
+                moved = self._load_move(w)
+                if moved is not None:
+                    await self._promote_then_retune(dep, moved)
                     return
         decision = self.policy.decide(self._context(dep.incumbent), self.history)
         self.last_decision = decision
