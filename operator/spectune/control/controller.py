@@ -30,6 +30,11 @@ from spectune.search.policy import Decision, DecisionKind, Policy, SearchSpace, 
 __all__ = ["Controller", "ControllerConfig", "ControllerState", "Event", "Phase"]
 
 
+#: Fewest finished requests in each of two windows for their loads to be compared (the
+#: rates' Poisson noise is then within about ±15 %, far inside the load-shift factor).
+MIN_LOAD_REQUESTS = 50
+
+
 class Phase(enum.Enum):
     """The SpecTuning phases (DESIGN.md §3)."""
 
@@ -451,6 +456,10 @@ def _moved(first: WindowRecord, w: WindowRecord, factor: float, shared: bool) ->
     """
     (a, ba), (b, bb) = _load(first, shared), _load(w, shared)
     if math.isnan(ba) or math.isnan(bb) or max(ba, bb) < SMALL_BATCH_CHANGE:
+        return 0
+    # A rate from a few requests is mostly Poisson noise (±30 % at ten): judge none.
+    spans = [x.end_s - x.start_s for x in (first, w)]
+    if min(r * t for r, t in zip((a, b), spans, strict=True)) < MIN_LOAD_REQUESTS:
         return 0
     # A saturated service finishes requests at the same rate while its batch (and queue)
     # balloons: a batch growth by the factor squared counts too (a trial's canary, one

@@ -232,7 +232,9 @@ def build_beliefs(
     for t in epoch_trials:
         if t.outcome is Outcome.INFEASIBLE:
             b.excluded[t.arm] = f"could not start: {t.reason}"
-        if t.outcome is Outcome.ABORTED:
+        if t.outcome is Outcome.ABORTED and t.windows:
+            # Judged on a window (a guardrail). Aborted before any window — suspended, the
+            # target missing, the metrics down — the arm is as untried as before.
             b.excluded[t.arm] = f"guardrail: {t.reason}"
         offset = offsets.get(t.incumbent)
         for w in t.windows:

@@ -152,11 +152,18 @@ class SpectunePolicy:
             if beliefs.arms[name].arm.drafter in bad_drafters:
                 del beliefs.arms[name]
         estimates = _estimates(beliefs, minimise)
-        tried = {t.arm for t in history.in_epoch()}
+        # A trial ended before its first window (suspended, the target went missing, the
+        # metrics failed) says nothing about its arm: the arm is still untried.
+        tried = {
+            t.arm
+            for t in history.in_epoch()
+            if t.windows or t.outcome in (Outcome.INFEASIBLE, Outcome.RUNNING)
+        }
         trials = len(history.in_epoch())
         attempts: dict[str, int] = {}
         for t in history.in_epoch():
-            attempts[t.arm] = attempts.get(t.arm, 0) + 1
+            if t.arm in tried:
+                attempts[t.arm] = attempts.get(t.arm, 0) + 1
 
         def decision(kind: DecisionKind, arm: Arm, why: str) -> Decision:
             reason = f"{prefix}; {why}" if prefix else why

@@ -235,3 +235,21 @@ def test_a_load_epoch_keeps_the_acceptance_and_survives_a_restart() -> None:
     h = History().new_epoch(load_moved=True).new_epoch().new_epoch(load_moved=True)
     assert h.acceptance_epochs() == (3, 2)  # epoch 2 was a model change: nothing older
     assert History.from_json(h.to_json()) == h
+
+
+def test_a_trial_ended_before_its_first_window_leaves_its_arm_untried() -> None:
+    # Suspended (or the target went missing, or the metrics failed) before any window: the
+    # search picks up as if the trial had never started — not as if the arm had lost.
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    incumbent = OFF
+    history = History(baseline=((0, WindowRecord(0, 300, world.stats(incumbent), None,
+                                                  incumbent.name)),))  # fmt: skip
+    policy = SpectunePolicy()
+    ctx = TuningContext(SPACE, Objective(), incumbent, 300.0, max_trials=12, seed=1)
+    first = policy.decide(ctx, history)
+    assert first.kind is DecisionKind.TRIAL and first.arm is not None
+    stopped = TrialRecord(first.arm.name, incumbent.name, 0, 300.0).ended(
+        Outcome.ABORTED, "suspended"
+    )
+    again = policy.decide(ctx, history.add_trial(stopped))
+    assert again.kind is DecisionKind.TRIAL and again.arm == first.arm
