@@ -120,6 +120,9 @@ class Controller:
     state: ControllerState = field(default_factory=ControllerState)
     on_event: Callable[[Event], None] | None = None
     last_decision: Decision | None = None
+    hold_trials: bool = False
+    """Set by the body while its metric source is failing: no new trial starts until a
+    window has been read again (the incumbent alone)."""
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -225,9 +228,10 @@ class Controller:
 
     async def _explore(self, dep: Deployment) -> None:
         running = self._running()
-        if running is None and self._stale():
-            # A long rollout (a promotion under load) left the evidence older than a
-            # window: look at the incumbent again before choosing, the load may have moved.
+        if running is None and (self.hold_trials or self._stale()):
+            # The metric source just failed, or a long rollout (a promotion under load)
+            # left the evidence older than a window: look at the incumbent again before
+            # choosing (the load may have moved); a failure here starts nothing.
             w = await self._baseline_window(dep)
             await self._load_moved(w)
             return

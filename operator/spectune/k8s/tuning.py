@@ -887,6 +887,7 @@ class TuningLoop:
                     fingerprint=self._fingerprint(spec, incumbent),
                 )
             )
+        b.controller.hold_trials = self._failures > 0  # outage: never start a trial
         try:
             try:
                 await b.controller.step()
