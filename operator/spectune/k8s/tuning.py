@@ -770,7 +770,13 @@ class TuningLoop:
                     raise _WindowCutError("the spec changed during the window")
                 known = holder[0].state.model_version if holder else None
                 if known is not None:
-                    live = model_version(await first.read_target(), container, engine.value)
+                    try:
+                        target = await first.read_target()
+                    except TargetMissingError:
+                        raise  # the turn reports it (phase Degraded) at once
+                    except SpecTuneError:
+                        continue  # a passing API error: the step reads the target anyway
+                    live = model_version(target, container, engine.value)
                     if live != known:
                         raise _WindowCutError(f"the model version changed to {live}")
 
@@ -857,11 +863,15 @@ class TuningLoop:
             return
         self._paused = False
         c = b.controller
-        if self._missing:  # the target is back: on another setting, the search starts over
+        if self._missing is not None:  # the target is back (said now, not after a window)
+            was = self._missing
+            self._missing = None
+            self._emit("Normal", "TargetFound", f"Deployment {spec.target_ref.name} exists")
             now_arm = arm_from_spec(current_spec(target, container, engine), drafters_of(spec))
-            if now_arm.name != self._missing:
+            if was and now_arm.name != was:
+                # On another setting, the search starts over.
                 await c._retune(
-                    f"the target Deployment came back running {now_arm.name}, not {self._missing}"
+                    f"the target Deployment came back running {now_arm.name}, not {was}"
                 )
         if self._routes_unset(b):
             watch = b.actuator._routes
