@@ -148,11 +148,9 @@ class Controller:
             return trials[-1]
         return None
 
-    async def _observe(
-        self, length_s: float | None = None
-    ) -> tuple[float, dict[Group, WindowStats]]:
+    async def _observe(self) -> tuple[float, dict[Group, WindowStats]]:
         start = self.clock.now()
-        groups = await self.metrics.observe(length_s or self.config.window_s)
+        groups = await self.metrics.observe(self.config.window_s)
         return start, {g: window_stats(o, self.objective) for g, o in groups.items()}
 
     # -- re-triggers ------------------------------------------------------------------------

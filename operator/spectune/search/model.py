@@ -88,11 +88,6 @@ class Beliefs:
     survival: dict[str, np.ndarray] = field(default_factory=dict)
     """P(L ≥ i) per drafter, for every drafter whose acceptance was seen."""
 
-    def expected_tokens(self, drafter: str, k: int) -> float:
-        """E_d(k), extrapolated past the measured positions; NaN for an unseen drafter."""
-        curve = self.survival.get(drafter)
-        return math.nan if curve is None else _expected(curve, k)[0]
-
 
 def _log(x: float) -> float:
     return math.log(x) if x > 0 and not math.isnan(x) else math.nan
