@@ -303,17 +303,28 @@ def test_kubectl_get_spt_shows_phase_drafter_k_acceptance_and_speedup(world: Wor
 
 
 def test_kubectl_acceptance_agrees_with_the_charts_recording_rule(world: World) -> None:
-    cols = dict(
-        zip(
-            *(ln.split() for ln in world.kubectl("get", "spt", TARGET).splitlines()[:2]),
-            strict=False,
+    # The two read different spans (the operator's last window, the rule's last 5 m at the
+    # rules' scale), so right after a promotion one may still hold the old k's passes; on a
+    # steady setting they must agree.
+    seen: list[tuple[float, float]] = []
+
+    def agree() -> bool:
+        lines = world.kubectl("get", "spt", TARGET).splitlines()[:2]
+        cols = dict(zip(*(ln.split() for ln in lines), strict=False))
+        rows = world.prom.query(
+            f'spectune:acceptance_rate:ratio_rate5m{{namespace="{world.ns}",deployment="{TARGET}"}}'
         )
+        if not rows or "ACCEPTANCE" not in cols:
+            return False
+        seen.append((float(rows[0]["value"][1]), float(cols["ACCEPTANCE"])))
+        return abs(seen[-1][0] - seen[-1][1]) < 0.1
+
+    wait_for(
+        agree,
+        timeout=60,
+        interval=2.0,
+        message=lambda: f"(rule, kubectl) acceptance agreeing within 0.1; last {seen[-5:]}",
     )
-    rows = world.prom.query(
-        f'spectune:acceptance_rate:ratio_rate5m{{namespace="{world.ns}",deployment="{TARGET}"}}'
-    )
-    assert rows, "the chart's recording rule has no acceptance for the target"
-    assert abs(float(rows[0]["value"][1]) - float(cols["ACCEPTANCE"])) < 0.1, (rows, cols)
 
 
 def test_a_model_version_bump_reopens_the_search_and_it_converges_again(world: World) -> None:
