@@ -14,6 +14,7 @@ from kubernetes import client
 
 from spectune.api.names import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from spectune.engines.args import parse_vllm_args
+from spectune.search.arms import Arm
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.simpods import SimPods
 from tests.integration.operator.conftest import OperatorProcess
@@ -140,11 +141,11 @@ class Env:
 
 
 def arm_of(args: list[str]) -> str:
-    """The arm a vLLM command line runs (EAGLE-3 drafters only)."""
+    """The arm a vLLM command line runs (EAGLE-3 drafters only), a per-batch-size table too."""
     spec = parse_vllm_args(args).spec
     if spec is None:
         return "off"
-    return f"eagle3/{spec.num_speculative_tokens}"
+    return Arm("eagle3", spec.num_speculative_tokens, spec.per_batch_size).name
 
 
 def diagnostics(env: Env, op: OperatorProcess, sims: SimPods | None = None) -> Callable[[], str]:
