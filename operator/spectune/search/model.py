@@ -38,7 +38,7 @@ import numpy as np
 from spectune.core import flat_rate_for_length
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
-from spectune.search.objective import WindowStats, same_load
+from spectune.search.objective import WindowStats, same_load, saturated
 from spectune.search.policy import SearchSpace
 from spectune.search.schedule import epoch_batch
 
@@ -87,6 +87,9 @@ class Beliefs:
     notes: list[str] = field(default_factory=list)
     survival: dict[str, np.ndarray] = field(default_factory=dict)
     """P(L ≥ i) per drafter, for every drafter whose acceptance was seen."""
+    saturated: bool = False
+    """A window of this epoch found the pods saturated (``objective.saturated``): latency
+    ratios there do not extrapolate to other arms, so ``off`` must be measured."""
 
 
 def _log(x: float) -> float:
@@ -300,11 +303,24 @@ def build_beliefs(
         seen = survival.get(incumbent.drafter or "")
         inc_length = _expected(seen, incumbent.k)[0] if seen is not None else 1.0
 
-    # Per-token latency of 'off' relative to the incumbent.
-    priors = _prior_costs(history)
+    # Per-token latency of 'off' relative to the incumbent. At saturation the batch sits at
+    # the engine's limit whatever the arm, and an arm with less drafting per token would
+    # run a smaller one: off's latency cannot be inferred from drafted arms, only measured.
+    b.saturated = any(
+        saturated(s)
+        for t in epoch_trials
+        for w in t.windows
+        for s in (w.incumbent, w.canary)
+        if s is not None
+    ) or any(saturated(w.incumbent) for w in baseline if w.incumbent is not None)
+    priors = {} if b.saturated else _prior_costs(history)
     tau_off: float | None = None
     off_inferred = False
-    two_lengths = _off_from_two_lengths(incumbent, inc_length, measured, min_requests)
+    two_lengths = (
+        None
+        if b.saturated
+        else _off_from_two_lengths(incumbent, inc_length, measured, min_requests)
+    )
     if incumbent.is_off:
         tau_off = 1.0
     elif OFF.name in measured and not math.isnan(measured[OFF.name].tpot_ratio):

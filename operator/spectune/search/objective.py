@@ -23,6 +23,7 @@ __all__ = [
     "fitted_quantile_interval",
     "quantile_interval",
     "same_load",
+    "saturated",
     "window_stats",
 ]
 
@@ -120,6 +121,28 @@ def same_load(a: float, b: float, factor: float) -> bool:
         return True
     lo, hi = sorted((max(a, 1e-9), max(b, 1e-9)))
     return hi / lo <= factor
+
+
+#: A request that waits longer than this many decode steps to be scheduled found the pod
+#: full: its batch is pinned at the engine's limit (``max_num_seqs`` or the KV pool).
+SATURATION_STEPS = 20.0
+#: ...and longer than this: an idle pod's p95 read from vLLM's first queue-time buckets
+#: (0.3 s, 0.5 s, 0.8 s) is an interpolation inside them, not a wait.
+SATURATION_FLOOR_S = 1.0
+
+
+def saturated(s: WindowStats) -> bool:
+    """Whether a group was saturated in a window: requests queued for many steps.
+
+    Below saturation vLLM admits a request within a step or two, so the queue-time p95
+    is a step's length; at saturation it grows with the backlog (minutes). Then the batch
+    is pinned at a limit and per-token latency stops measuring speed: an arm that needs
+    fewer steps per token (less drafting) would run a smaller batch, not the same one.
+    """
+    step = s.tpot_mean * max(s.mean_accepted_length, 1.0)
+    if math.isnan(s.queue_p95) or math.isnan(step) or step <= 0:
+        return False
+    return s.queue_p95 > max(SATURATION_STEPS * step, SATURATION_FLOOR_S)
 
 
 def quantile_interval(h: Histogram | None, q: float, z: float = 1.96) -> tuple[float, float, float]:

@@ -180,7 +180,11 @@ class SpectunePolicy:
         # from another k of the incumbent's drafter that way (two lengths give the plain
         # step and the draft cost; model.py), a trial that may itself be the new optimum.
         if beliefs.needs_off and OFF.name not in tried and OFF.name not in beliefs.excluded:
-            second = _second_length(ctx, history, beliefs, tried | set(beliefs.excluded))
+            second = (
+                None
+                if beliefs.saturated
+                else _second_length(ctx, history, beliefs, tried | set(beliefs.excluded))
+            )
             if second is not None:
                 return decision(
                     DecisionKind.TRIAL,
@@ -189,7 +193,13 @@ class SpectunePolicy:
                     f"way, and a second draft length of {second.drafter} gives the plain step "
                     "and the draft cost at the new load",
                 )
-            return decision(DecisionKind.TRIAL, OFF, "measuring off to learn what drafting costs")
+            why = "measuring off to learn what drafting costs"
+            if beliefs.saturated:
+                why += (
+                    ": the pods are saturated (requests queue for many steps), so drafted "
+                    "arms' latencies say nothing about an arm that drafts less"
+                )
+            return decision(DecisionKind.TRIAL, OFF, why)
         # A drafter whose acceptance was never seen enters the race at its largest k (one
         # trial there predicts every smaller k) with a wide prior centred on the incumbent:
         # it is tried when nothing the model can see is more promising, and it keeps the

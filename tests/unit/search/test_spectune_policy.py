@@ -10,13 +10,14 @@ of the history.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import pytest
 
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
-from spectune.search.objective import Objective, WindowStats
+from spectune.search.objective import Objective, WindowStats, saturated
 from spectune.search.policy import DecisionKind, DrafterSpec, SearchSpace, TuningContext
 from spectune.search.spectune_policy import SpectunePolicy
 
@@ -210,6 +211,38 @@ def test_two_draft_lengths_give_off_without_measuring_it() -> None:
     assert not off.measured
     assert off.value == pytest.approx(truth, rel=0.05)
     assert "two draft lengths" in after.reason
+
+
+def test_at_saturation_off_is_measured_not_inferred_from_two_lengths() -> None:
+    # The same two windows as above, but the pods are full: requests queue for minutes
+    # and every batch sits at the engine's limit. Off would run a smaller batch, so the
+    # drafted arms' latencies say nothing about it: the search measures it.
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    incumbent = parse_arm("eagle3/5")
+    history = _load_epoch_history(world, incumbent)
+    policy = SpectunePolicy()
+    ctx = TuningContext(SPACE, Objective(), incumbent, 600.0, max_trials=12, seed=1)
+    first = policy.decide(ctx, history)
+    assert first.arm == parse_arm("eagle3/1")
+
+    def full(arm: Arm) -> WindowStats:
+        return replace(world.stats(arm), running=256.0, queue_p95=120.0)
+
+    trial = TrialRecord(first.arm.name, incumbent.name, 1, 600.0).with_window(
+        WindowRecord(780, 1080, full(incumbent), full(first.arm), incumbent.name)
+    )
+    after = policy.decide(replace(ctx, now_s=1080.0), history.add_trial(trial))
+    assert after.kind is DecisionKind.TRIAL and after.arm == OFF
+    assert "saturated" in after.reason
+    assert "off" not in after.estimates  # no inferred figure is shown for it
+
+
+def test_a_queue_p95_inside_the_first_buckets_is_not_saturation() -> None:
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    stats = world.stats(parse_arm("eagle3/3"))
+    assert not saturated(replace(stats, queue_p95=0.285))  # vLLM's first bucket, idle pod
+    assert not saturated(replace(stats, queue_p95=math.nan))
+    assert saturated(replace(stats, queue_p95=30.0))
 
 
 def test_a_fresh_search_measures_off_first() -> None:
