@@ -23,6 +23,7 @@ from spectune.search.objective import (
     Objective,
     WindowStats,
     same_load,
+    saturated,
     window_stats,
 )
 from spectune.search.policy import Decision, DecisionKind, Policy, SearchSpace, TuningContext
@@ -437,11 +438,14 @@ class Controller:
             if not same_load(ref_b, inc.running, cfg.load_shift):
                 since = st.shift_since_s if st.shift_since_s is not None else w.start_s
                 self.state = replace(self.state, shift_since_s=since)
-                if now - since >= 2 * cfg.window_s:
-                    await self._retune(
-                        f"running batch moved from {ref_b:.1f} to {inc.running:.1f} per pod",
-                        load_moved=True,
-                    )
+                # Sustained for two windows — or at once when the pods saturated (requests
+                # queue for many steps): that is no burst, and every window costs users.
+                full = saturated(inc)
+                if now - since >= 2 * cfg.window_s or full:
+                    why = f"running batch moved from {ref_b:.1f} to {inc.running:.1f} per pod"
+                    if full:
+                        why += f" and requests queue (p95 {inc.queue_p95:.1f}s): saturated"
+                    await self._retune(why, load_moved=True)
             else:
                 self.state = replace(self.state, shift_since_s=None)
 

@@ -33,11 +33,15 @@ from tests.unit.search.test_spectune_policy import FakeWorld
 BOUNDS = (*(0.001 * i for i in range(1, 200)), math.inf)
 
 
-def fake_hist(center: float, n: float = 400) -> Histogram:
+#: vLLM's request-latency buckets (queue time), seconds.
+QUEUE_BOUNDS = (0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, math.inf)
+
+
+def fake_hist(center: float, n: float = 400, bounds: tuple[float, ...] = BOUNDS) -> Histogram:
     """n observations spread evenly over ±25 % around ``center``."""
     values = [center * (0.75 + 0.5 * (i + 0.5) / 20) for i in range(20)]
-    cum = tuple(sum(n / 20 for v in values if v <= b) for b in BOUNDS)
-    return Histogram(BOUNDS, cum, sum(values) * n / 20, n)
+    cum = tuple(sum(n / 20 for v in values if v <= b) for b in bounds)
+    return Histogram(bounds, cum, sum(values) * n / 20, n)
 
 
 @dataclass
@@ -70,6 +74,8 @@ class FakeFleet:
     """Offered load relative to the start: scales requests finished and the batch."""
     in_place: bool = False
     """Trials replace the service (in place) instead of taking a third of its traffic."""
+    queue_s: float = 0.01
+    """Typical time a request waits to be scheduled (minutes when the pods are full)."""
 
     async def deployment(self) -> Deployment:
         failure = None
@@ -99,7 +105,7 @@ class FakeFleet:
         return Observation(
             dialect=Dialect.VLLM_V1, window_s=window, pods=("p",), spec=spec,
             running=4.0 * self.load, tpot=fake_hist(s.tpot_mean, 400 * self.load * share),
-            ttft=fake_hist(0.2), queue=fake_hist(0.01),
+            ttft=fake_hist(0.2), queue=fake_hist(self.queue_s, bounds=QUEUE_BOUNDS),
             e2e=fake_hist(5.0, 400 * self.load * share),
             generation_tokens=1000.0 * window * self.load * share,
         )  # fmt: skip
@@ -291,3 +297,25 @@ def test_in_place_trials_count_the_traffic_once() -> None:
 
     assert retunes(shared=False) == 0
     assert retunes(shared=True) == 1  # what counting both sides would have done
+
+
+def test_while_monitoring_a_load_move_reopens_after_two_windows_or_at_once_when_saturated() -> None:
+    def windows_to_retune(queue_s: float) -> tuple[int, str]:
+        clock = FakeClock()
+        fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
+        c, events = make(fleet, clock)
+        run_until(c, lambda: c.state.phase is Phase.MONITORING)
+        asyncio.run(c.step())  # the reference window
+        fleet.load, fleet.queue_s = 10.0, queue_s
+        for n in range(1, 5):
+            asyncio.run(c.step())
+            retune = [e for e in events if e.reason == "Retune"]
+            if retune:
+                return n, retune[0].message
+        raise AssertionError("no re-tune in four windows")
+
+    n, why = windows_to_retune(queue_s=0.01)
+    assert n == 2 and "saturated" not in why  # sustained: two windows at the new load
+    n, why = windows_to_retune(queue_s=60.0)  # requests wait a minute to be scheduled
+    assert n == 1 and "running batch moved from" in why
+    assert "per pod and requests queue (p95 " in why and why.endswith("saturated")
