@@ -76,6 +76,8 @@ class FakeFleet:
     """Trials replace the service (in place) instead of taking a third of its traffic."""
     queue_s: float = 0.01
     """Typical time a request waits to be scheduled (minutes when the pods are full)."""
+    e2e_s: float = 5.0
+    """Typical request latency: with the request rate, the batch by Little's law."""
 
     async def deployment(self) -> Deployment:
         failure = None
@@ -106,7 +108,7 @@ class FakeFleet:
             dialect=Dialect.VLLM_V1, window_s=window, pods=("p",), spec=spec,
             running=4.0 * self.load, tpot=fake_hist(s.tpot_mean, 400 * self.load * share),
             ttft=fake_hist(0.2), queue=fake_hist(self.queue_s, bounds=QUEUE_BOUNDS),
-            e2e=fake_hist(5.0, 400 * self.load * share),
+            e2e=fake_hist(self.e2e_s, 400 * self.load * share),
             generation_tokens=1000.0 * window * self.load * share,
         )  # fmt: skip
 
@@ -271,6 +273,20 @@ def test_a_large_load_move_while_exploring_reopens_the_search_without_a_baseline
     run_until(c, lambda: len(fleet.starts) > starts)
     assert not c.history.baseline_windows(1)
     assert fleet.starts[-1] == "eagle3/1"
+
+
+def test_a_rate_move_at_small_batches_reopens_the_search_too() -> None:
+    # Short requests keep the batch under one request per pod at either load; the rate
+    # tripled all the same (each prefill stalls the decodes, whatever the batch).
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/5"), e2e_s=0.5)
+    c, events = make(fleet, clock)
+    run_until(c, lambda: len(fleet.starts) >= 1)
+    fleet.load = 3.0
+    run_until(c, lambda: any(e.reason == "Retune" for e in events), limit=20)
+    retune = next(e for e in events if e.reason == "Retune")
+    assert "offered load moved from 1.33 to 4.00 requests/s" in retune.message
+    assert "running batch 0.7 → 1.3 per pod" in retune.message  # the canary takes a third
 
 
 def test_evidence_older_than_two_windows_is_refreshed_before_the_next_trial() -> None:
