@@ -62,6 +62,7 @@ TEMPLATE_AGE_S = 600.0  # the bundled page is a pod 600 s after start
 
 
 def free_port() -> int:
+    """A TCP port free on the loopback interface now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -94,11 +95,13 @@ class Exposition:
         self.lock = threading.Lock()
 
     def set_pods(self, pods: list[str]) -> None:
+        """The Running pods to serve series for (a new pod starts its counters at 0)."""
         now = time.monotonic()
         with self.lock:
             self.pods = {p: self.pods.get(p, now) for p in pods}
 
     def render(self) -> str:
+        """The /metrics page: every pod's copy of the template, counters scaled by age."""
         now = time.monotonic()
         out = list(self.header)
         with self.lock:
@@ -114,6 +117,7 @@ class Exposition:
 
 
 def serve(handler_cls: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, int]:
+    """Serve ``handler_cls`` on a free loopback port in a daemon thread."""
     port = free_port()
     server = ThreadingHTTPServer(("127.0.0.1", port), handler_cls)
     server.daemon_threads = True
@@ -122,6 +126,8 @@ def serve(handler_cls: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServe
 
 
 def exposition_server(expo: Exposition) -> int:
+    """Serve ``expo`` as a metrics page; returns its port."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             body = expo.render().encode()
@@ -186,6 +192,7 @@ class CountingProxy:
         self.port = serve(Handler)[1]
 
     def api_queries(self) -> int:
+        """Requests to ``/api/v1/*`` so far."""
         with self.lock:
             return sum(n for p, n in self.counts.items() if p.startswith("/api/v1/"))
 
@@ -194,6 +201,7 @@ class CountingProxy:
 
 
 def cluster_up(work: Path) -> dict[str, str]:
+    """Start a private cluster (``hack/cluster.sh up``); returns the environment to reach it."""
     env = dict(os.environ)
     env["SPECTUNE_CLUSTER_STATE"] = str(work / "cluster.state")
     env["SPECTUNE_CLUSTER_DIR"] = str(work / "cluster")
@@ -216,6 +224,7 @@ def cluster_up(work: Path) -> dict[str, str]:
 
 
 def cluster_down(env: dict[str, str]) -> None:
+    """Stop the cluster that ``env`` names."""
     subprocess.run(
         ["bash", str(REPO / "hack" / "cluster.sh"), "down"],
         env=env, text=True, capture_output=True, timeout=180, check=False,
@@ -223,6 +232,7 @@ def cluster_down(env: dict[str, str]) -> None:
 
 
 def start_prometheus(work: Path, target_port: int) -> tuple[subprocess.Popen[bytes], str]:
+    """Start Prometheus scraping the exposition port every 5 s; returns it and its URL."""
     binary = shutil.which("prometheus")
     if binary is None:
         sys.exit("prometheus is not on PATH (apt-get install -y prometheus)")
@@ -273,16 +283,19 @@ class Sampler:
         threading.Thread(target=self._run, daemon=True).start()
 
     def rss_mb(self) -> float:
+        """Resident memory now, MB."""
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         return 0.0
 
     def cpu_s(self) -> float:
+        """CPU seconds used so far (user + system)."""
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / self.tick
 
     def reset_max(self) -> None:
+        """Start a new maximum from the RSS now."""
         self.max_rss = self.rss_mb()
 
     def _run(self) -> None:
@@ -293,6 +306,7 @@ class Sampler:
                 return
 
     def stop(self) -> None:
+        """Stop sampling."""
         self._stop.set()
 
 
@@ -300,6 +314,7 @@ class Sampler:
 
 
 def deployment(name: str) -> dict[str, Any]:
+    """A one-replica vLLM Deployment on EAGLE-3 k=7."""
     spec = json.dumps({"method": "eagle3", "model": EAGLE, "num_speculative_tokens": 7})
     labels = {"app": name}
     return {
@@ -326,6 +341,7 @@ def deployment(name: str) -> dict[str, Any]:
 
 
 def spectuning(name: str, mode: str, window_s: int, prom_url: str) -> dict[str, Any]:
+    """A SpecTuning of Deployment ``name`` in ``mode``."""
     return {
         "apiVersion": "spectune.io/v1alpha1",
         "kind": "SpecTuning",
@@ -342,12 +358,19 @@ def spectuning(name: str, mode: str, window_s: int, prom_url: str) -> dict[str, 
 
 
 def main() -> int:
+    """Run the benchmark (see the module docstring) and print the table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--count", type=int, default=200, help="SpecTunings and Deployments")
     ap.add_argument("--auto", type=int, default=5, help="how many in mode: auto (rest recommend)")
     ap.add_argument("--window", type=int, default=30, help="spec.search.window, seconds")
     ap.add_argument("--windows", type=int, default=4, help="windows measured")
     ap.add_argument("--keep", action="store_true", help="leave the cluster up (debugging)")
+    ap.add_argument(
+        "--memray",
+        metavar="FILE",
+        help="run the operator under memray (pip install memray), writing its capture to FILE; "
+        "memray's own bookkeeping raises the RSS figure",
+    )
     args = ap.parse_args()
 
     from kubernetes import client, config
@@ -398,8 +421,13 @@ def main() -> int:
             }
         )
         op_log = (work / "operator.log").open("wb")
+        profile = (
+            ["-m", "memray", "run", "-q", "--aggregate", "-f", "-o", args.memray]
+            if args.memray
+            else []
+        )
         op = subprocess.Popen(
-            [sys.executable, "-m", "spectune.run"], env=op_env, cwd=REPO,
+            [sys.executable, *profile, "-m", "spectune.run"], env=op_env, cwd=REPO,
             stdout=op_log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         procs.append(op)

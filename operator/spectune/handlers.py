@@ -96,14 +96,34 @@ def validate(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, **_: Any) -> N
         raise kopf.PermanentError(str(exc)) from None
 
 
+@kopf.index(GROUP, VERSION, PLURAL)
+def spectunings_by_target(
+    namespace: str | None, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
+) -> dict[tuple[str, str], tuple[str, str]] | None:
+    """Index the live SpecTunings by their target Deployment, from kopf's own watch.
+
+    Each tuning loop asks it whether an older SpecTuning already tunes its target; listing
+    every SpecTuning of the namespace on every turn instead cost one list per SpecTuning and
+    window, most of the operator's memory at a few hundred SpecTunings.
+    """
+    target = (spec.get("targetRef") or {}).get("name")
+    if target is None or meta.get("deletionTimestamp"):
+        return None
+    return {(str(namespace), str(target)): (str(meta.get("creationTimestamp", "")), name)}
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
-async def tune(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def tune(body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, **kwargs: Any) -> None:
     """Run the SpecTuning's tuning loop until it is deleted or the operator stops."""
+    index: kopf.Index[tuple[str, str], tuple[str, str]] = kwargs["spectunings_by_target"]
 
     def emit(kind: str, reason: str, message: str) -> None:
         kopf.event(body, type=kind, reason=reason, message=message)
 
-    loop = TuningLoop(memo.api, body, memo.settings, memo.clock, memo.telemetry, emit)
+    def claims(target: str) -> list[tuple[str, str]]:
+        return list(index.get((meta["namespace"], target), ()))
+
+    loop = TuningLoop(memo.api, body, memo.settings, memo.clock, memo.telemetry, emit, claims)
     try:
         await loop.run()
     except (NoDataError, SourceUnavailableError) as exc:

@@ -2,7 +2,8 @@
 
 One per SpecTuning, built by ``handlers.py`` with the shared ApiClient from kopf's memo.
 The kubernetes client is synchronous; every call runs in a worker thread so the operator's
-event loop never blocks. Conflicts (409) are retried with a fresh read
+event loop never blocks, and objects are read as the API server's JSON (plain dicts, no
+client model objects: ``connect.read_json``). Conflicts (409) are retried with a fresh read
 (:meth:`KubeActuator.patch_target`).
 """
 
@@ -18,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from spectune.control.ports import Deployment
 from spectune.errors import SourceUnavailableError, SpecError
+from spectune.k8s.connect import read_json
 from spectune.k8s.deployments import (
     ANNOTATION_FINGERPRINT,
     LABEL_OWNER,
@@ -111,31 +113,30 @@ class KubeActuator:
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
-    def _plain(self, obj: Any) -> Obj:
-        plain: Obj = self._api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
-        return plain
+    async def _read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
+        return await self._call(read_json, fn, *args, **kwargs)
 
     async def read_target(self) -> Obj:
         """The target Deployment as a plain dict."""
         try:
-            obj = await self._call(self._apps.read_namespaced_deployment, self._target, self._ns)
+            return await self._read(self._apps.read_namespaced_deployment, self._target, self._ns)
         except ApiException as exc:
             if exc.status == 404:
                 raise TargetMissingError(
                     f"Deployment {self._ns}/{self._target} not found; waiting for it to exist"
                 ) from None
             raise api_error(exc, f"read Deployment {self._ns}/{self._target}") from None
-        return self._plain(obj)
 
     async def _canaries(self) -> list[Obj]:
         selector = f"{LABEL_OWNER}={self._spt['metadata']['name']},{LABEL_ROLE}=canary"
         try:
-            res = await self._call(
+            res = await self._read(
                 self._apps.list_namespaced_deployment, self._ns, label_selector=selector
             )
         except ApiException as exc:
             raise api_error(exc, "list canary Deployments") from None
-        return [self._plain(d) for d in res.items]
+        items: list[Obj] = res.get("items") or []
+        return items
 
     async def pods(self, deployment: Obj) -> list[Obj]:
         """The pods of ``deployment`` (for the target: its own, never its canaries')."""
@@ -145,12 +146,12 @@ class KubeActuator:
         match = deployment["spec"]["selector"].get("matchLabels") or {}
         selector = ",".join(f"{k}={v}" for k, v in sorted(match.items()))
         try:
-            res = await self._call(
+            res = await self._read(
                 self._core.list_namespaced_pod, self._ns, label_selector=selector
             )
         except ApiException as exc:
             raise api_error(exc, "list pods") from None
-        pods = [self._plain(p) for p in res.items]
+        pods: list[Obj] = res.get("items") or []
         if LABEL_ROLE not in match:
             # The target's selector also matches canary pods; judge only the target's own.
             pods = [

@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from spectune.api.spec import ScrapeMetrics, SecretKeyRef
 from spectune.errors import NoDataError, SpecError
 from spectune.k8s.actuator import api_error
+from spectune.k8s.connect import read_json
 from spectune.metrics.observation import Observation
 from spectune.metrics.scrape import PodScrapeSource
 
@@ -95,7 +96,9 @@ async def prometheus_headers(
         return {}
     core = k8s.CoreV1Api(api)
     try:
-        secret = await asyncio.to_thread(core.read_namespaced_secret, ref.name, namespace)
+        secret = await asyncio.to_thread(
+            read_json, core.read_namespaced_secret, ref.name, namespace
+        )
     except ApiException as exc:
         if exc.status == 404:
             raise AuthSecretError(
@@ -103,8 +106,7 @@ async def prometheus_headers(
                 f"under key {ref.key!r}, or a {BASIC_AUTH} Secret)"
             ) from None
         raise api_error(exc, f"read Secret {namespace}/{ref.name}") from None
-    plain: Obj = api.sanitize_for_serialization(secret)  # type: ignore[no-untyped-call]
-    return auth_headers(plain, ref)
+    return auth_headers(secret, ref)
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:

@@ -44,7 +44,7 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -103,6 +103,7 @@ from spectune.search.spectune_policy import SpectunePolicy
 from spectune.settings import Settings
 
 __all__ = [
+    "Claims",
     "EventSink",
     "MetricsOutageError",
     "TuningLoop",
@@ -117,6 +118,9 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 EventSink = Callable[[str, str, str], None]
 """``(type, reason, message)``: posts a Kubernetes Event on the SpecTuning."""
+Claims = Callable[[str], Iterable[tuple[str, str]]]
+"""``(creationTimestamp, name)`` of every SpecTuning of the namespace that names a Deployment
+and is not being deleted; the oldest one tunes it."""
 
 _WARNINGS = frozenset({"TrialAborted", "TrialInfeasible", "AcceptanceDrift", "HumanEdit"})
 _CONFLICT_RETRIES = 5
@@ -298,6 +302,9 @@ class TuningLoop:
         The operator's settings, clock and metrics (from kopf's memo).
     emit
         Posts a Kubernetes Event on the SpecTuning.
+    claims
+        The SpecTunings of the namespace that name a Deployment (the operator's kopf index);
+        without it every turn lists them through the API.
     """
 
     def __init__(
@@ -308,8 +315,10 @@ class TuningLoop:
         clock: WallClock,
         telemetry: OperatorMetrics | None,
         emit: EventSink,
+        claims: Claims | None = None,
     ) -> None:
         self._api = api
+        self._claims = claims
         self._body = body
         self._settings = settings
         self._clock = clock
@@ -566,7 +575,10 @@ class TuningLoop:
         while self._generation == gen:
             await self._wait()
 
-    async def _conflict(self, spec: SpecTuningSpec) -> bool:
+    async def _claimants(self, target_name: str) -> list[tuple[str, str]]:
+        """``(creationTimestamp, name)`` of the live SpecTunings that name ``target_name``."""
+        if self._claims is not None:
+            return list(self._claims(target_name))
         try:
             res = await asyncio.to_thread(
                 self._custom.list_namespaced_custom_object, GROUP, VERSION, self._ns, PLURAL
@@ -578,8 +590,12 @@ class TuningLoop:
         for item in items:
             meta = item.get("metadata", {})
             target = (item.get("spec") or {}).get("targetRef", {}).get("name")
-            if target == spec.target_ref.name and not meta.get("deletionTimestamp"):
+            if target == target_name and not meta.get("deletionTimestamp"):
                 same.append((str(meta.get("creationTimestamp", "")), str(meta.get("name"))))
+        return same
+
+    async def _conflict(self, spec: SpecTuningSpec) -> bool:
+        same = await self._claimants(spec.target_ref.name)
         if not same or min(same)[1] == self._name:
             return False
         owner = min(same)[1]

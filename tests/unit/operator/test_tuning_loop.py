@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from spectune import handlers
 from spectune.control.controller import ControllerState
 from spectune.control.controller import Phase as LoopPhase
 from spectune.k8s import tuning
@@ -76,13 +77,18 @@ def world(monkeypatch: pytest.MonkeyPatch) -> FakeWorld:
     return w
 
 
-def _loop(world: FakeWorld, body: dict[str, Any], failures: int = 3) -> tuning.TuningLoop:
+def _loop(
+    world: FakeWorld,
+    body: dict[str, Any],
+    failures: int = 3,
+    claims: tuning.Claims | None = None,
+) -> tuning.TuningLoop:
     settings = Settings(poll_s=1.0, metrics_failures=failures, metrics_port=0, liveness_port=0)
 
     def emit(kind: str, reason: str, message: str) -> None:
         world.events.append((kind, reason, message))
 
-    loop = tuning.TuningLoop(None, body, settings, FakeClock(), None, emit)  # type: ignore[arg-type]
+    loop = tuning.TuningLoop(None, body, settings, FakeClock(), None, emit, claims)  # type: ignore[arg-type]
     loop._custom = FakeCustom(world, body)  # type: ignore[assignment]
     return loop
 
@@ -298,3 +304,40 @@ async def test_a_new_model_version_cuts_the_window_and_reopens_within_a_poll(
     retune = next(m for _, r, m in world.events if r == "Retune")
     assert "v2" in retune, retune
     assert clock.t - start < 10
+
+
+# -- one SpecTuning per Deployment ----------------------------------------------------------------
+
+
+async def test_the_oldest_spectuning_of_a_target_tunes_it_and_one_being_deleted_does_not_count(
+    world: FakeWorld,
+) -> None:
+    """The operator's index of SpecTunings by target (``handlers.spectunings_by_target``, fed
+    the objects directly instead of kopf's watch) names an older SpecTuning of the same
+    Deployment: this one is refused with TargetConflict naming it, and touches nothing. Once
+    the older one is being deleted it no longer counts, and this one tunes."""
+    older = _body()
+    older["metadata"].update(name="first", uid="u-0", creationTimestamp="2025-12-31T00:00:00Z")
+    body = _body()
+
+    def claims(target_name: str) -> list[tuple[str, str]]:
+        index: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for b in (older, body):
+            entry = handlers.spectunings_by_target(
+                namespace="ns", name=b["metadata"]["name"], spec=b["spec"], meta=b["metadata"]
+            )
+            for key, value in (entry or {}).items():
+                index.setdefault(key, []).append(value)
+        return index.get(("ns", target_name), [])
+
+    loop = _loop(world, body, claims=claims)
+    before = copy.deepcopy(world.target)
+    await loop.turn()
+    ready = _condition(world, "Ready")
+    assert ready["reason"] == "TargetConflict" and "first" in ready["message"], ready
+    assert world.status["phase"] == "Failed"
+    assert world.target == before and not world.canaries
+
+    older["metadata"]["deletionTimestamp"] = "2026-01-02T00:00:00Z"
+    await loop.turn()
+    assert _condition(world, "Ready")["reason"] == "Tuning"
