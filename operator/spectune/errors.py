@@ -14,6 +14,7 @@ __all__ = [
     "SourceUnavailableError",
     "SpecError",
     "SpecTuneError",
+    "WindowCutError",
 ]
 
 
@@ -45,3 +46,10 @@ class SourceUnavailableError(SpecTuneError):
 
 class RolloutStuckError(SpecTuneError):
     """A rollout will not become ready on its own (ProgressDeadlineExceeded, crash loop)."""
+
+
+class WindowCutError(SpecTuneError):
+    """A measurement window was cut short: the model changed under it (temporary).
+
+    Its figures mix two models, so they are dropped; the next step sees the change.
+    """

@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from spectune.control.ports import Deployment, Group
-from spectune.errors import SpecError
+from spectune.errors import SpecError, WindowCutError
 from spectune.metrics import Observation, Snapshot, observation_from_pages, parse_page
 from spectune.search.arms import Arm
 from spectune.sim.fleet import Fleet, Phase, ReplicaState
-from spectune.sim.scenario import RouteMixEvent
+from spectune.sim.scenario import ModelVersionEvent, RouteMixEvent
 
 __all__ = ["SimActuator", "SimGroupMetrics", "SimStage", "VirtualClock"]
 
@@ -74,6 +74,7 @@ class SimStage:
         self._generation = [0] * n
         self._queue: list[int] = []
         self._current: int | None = None
+        self._model_events = [e for e in fleet.scenario.events if isinstance(e, ModelVersionEvent)]
         self._route_events = sorted(
             (e for e in fleet.scenario.events if isinstance(e, RouteMixEvent)),
             key=lambda e: e.at_s,
@@ -215,6 +216,11 @@ class SimStage:
             routes=self.routes(),
         )
 
+    def next_model_change(self, after_s: float) -> float | None:
+        """When the next ``model_version`` event after ``after_s`` takes effect, or None."""
+        times = [e.at_s for e in self._model_events if e.at_s > after_s]
+        return min(times) if times else None
+
     def incumbent_at(self, t: float) -> str:
         """The target's arm (as promoted) at simulated time ``t``."""
         arm = self.timeline[0][1]
@@ -287,9 +293,24 @@ class SimGroupMetrics:
         return out
 
     async def observe(self, window_s: float) -> Mapping[Group, Observation]:
-        """Scrape, wait out the window, scrape again; one Observation per group."""
+        """Scrape, wait out the window, scrape again; one Observation per group.
+
+        A window that a ``model_version`` event falls into is cut there, as the operator
+        cuts one when the target's model version changes: :class:`WindowCutError`.
+        """
         start = self.stage.now
         before = self._pages()
+        version = self.stage.fleet.model_version
+        cut = self.stage.next_model_change(start)
+        if cut is not None and cut < start + window_s:
+            # Events at exactly the time reached are applied by the next advance; the
+            # operator sees a change within a poll, here within a simulated second.
+            self.stage.advance_to(cut + 1.0)
+            if self.stage.fleet.model_version != version:
+                raise WindowCutError(
+                    f"model version changed to {self.stage.fleet.model_version} at "
+                    f"{cut:.0f}s, mid-window: the window is dropped"
+                )
         self.stage.advance_to(start + window_s)
         after = self._pages()
         elapsed = self.stage.now - start

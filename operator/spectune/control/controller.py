@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from spectune.control.ports import Actuator, Clock, Deployment, Group, GroupMetrics
 from spectune.core import wilson_interval
+from spectune.errors import WindowCutError
 from spectune.search.arms import Arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.objective import (
@@ -207,13 +208,18 @@ class Controller:
             await self.clock.sleep(self.config.poll_s)
             return
         phase = self.state.phase
-        if phase is Phase.BASELINE:
-            await self._baseline_window(dep)
-            self.state = replace(self.state, phase=Phase.EXPLORING)
-        elif phase is Phase.EXPLORING:
-            await self._explore(dep)
-        else:
-            await self._monitor(dep)
+        try:
+            if phase is Phase.BASELINE:
+                await self._baseline_window(dep)
+                self.state = replace(self.state, phase=Phase.EXPLORING)
+            elif phase is Phase.EXPLORING:
+                await self._explore(dep)
+            else:
+                await self._monitor(dep)
+        except WindowCutError:
+            # The model changed mid-window: nothing of the window was recorded, and the
+            # next step's re-trigger check opens the new epoch.
+            return
 
     async def _baseline_window(self, dep: Deployment) -> WindowRecord:
         """One window of the incumbent alone, recorded with the arm it ran."""

@@ -11,6 +11,7 @@ import pytest
 import spectune.bench.adapters as adapters
 from spectune.bench.adapters import SimActuator, SimGroupMetrics, SimStage, VirtualClock
 from spectune.control.ports import Group
+from spectune.errors import WindowCutError
 from spectune.metrics import Observation, Snapshot
 from spectune.search.arms import OFF, Arm
 from spectune.sim.fleet import Fleet, Phase
@@ -165,6 +166,20 @@ def test_model_version_and_route_mix_events_reach_the_deployment():
     assert (first.model_version, middle.model_version) == ("initial", "v2")
     assert first.routes == middle.routes != last.routes
     assert "summarize=0.5" in last.routes
+
+
+def test_a_window_that_a_model_version_change_falls_into_is_cut_and_dropped():
+    # As the operator cuts a window when the target's model version changes: its figures
+    # would mix two models. The next window starts after the change.
+    stage = stage_of(events=[{"at_s": 100, "kind": "model_version", "version": "v2"}])
+    metrics = SimGroupMetrics(stage)
+    with pytest.raises(WindowCutError, match="model version changed to v2 at 100s"):
+        asyncio.run(metrics.observe(300))
+    assert 100 < stage.now <= 102  # cut within a simulated second, not at the window's end
+    assert stage.deployment().model_version == "v2"
+    t0 = stage.now
+    groups = asyncio.run(metrics.observe(300))
+    assert Group.INCUMBENT in groups and stage.now == t0 + 300  # no further event: whole
 
 
 def test_time_never_runs_past_the_scenario_end():

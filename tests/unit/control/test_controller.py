@@ -22,6 +22,7 @@ from spectune.control.controller import (
 )
 from spectune.control.ports import Deployment, Group
 from spectune.engines import Dialect
+from spectune.errors import WindowCutError
 from spectune.metrics import Histogram, Observation, SpecCounts
 from spectune.search.arms import Arm, parse_arm
 from spectune.search.history import History, Outcome
@@ -78,6 +79,8 @@ class FakeFleet:
     """Typical time a request waits to be scheduled (minutes when the pods are full)."""
     e2e_s: float = 5.0
     """Typical request latency: with the request rate, the batch by Little's law."""
+    cut_to: str | None = None
+    """A model version that arrives during the next window (which is then cut)."""
 
     async def deployment(self) -> Deployment:
         failure = None
@@ -113,6 +116,11 @@ class FakeFleet:
         )  # fmt: skip
 
     async def observe(self, window_s: float) -> dict[Group, Observation]:
+        if self.cut_to is not None:
+            # The model changes a third of the way into this window: the body cuts it.
+            await self.clock.sleep(window_s / 3)
+            self.model_version, self.cut_to = self.cut_to, None
+            raise WindowCutError(f"model version changed to {self.model_version}")
         await self.clock.sleep(window_s)
         if self.canary is not None and self.clock.t - window_s >= self.canary_ready_at:
             # Beside the incumbent the canary pod takes a third of the traffic; in place it
@@ -192,6 +200,20 @@ def test_a_model_version_change_reopens_the_search_in_a_new_epoch() -> None:
     run_until(c, lambda: c.state.phase is Phase.MONITORING)
     # Draft costs carried over from epoch 0, so 'off' need not be measured again.
     assert "off" not in [t.arm for t in c.history.in_epoch()]
+
+
+def test_a_window_cut_by_a_model_change_is_dropped_and_the_search_reopens() -> None:
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
+    c, events = make(fleet, clock)
+    run_until(c, lambda: bool(c.history.in_epoch()) and c.history.in_epoch()[-1].windows)
+    windows = sum(len(t.windows) for t in c.history.trials) + len(c.history.baseline)
+    fleet.cut_to = "v2"
+    asyncio.run(c.step())  # the cut window: nothing recorded from it
+    assert sum(len(t.windows) for t in c.history.trials) + len(c.history.baseline) == windows
+    asyncio.run(c.step())
+    assert c.history.epoch == 1
+    assert any(e.reason == "Retune" and "v1 → v2" in e.message for e in events)
 
 
 def test_with_on_model_change_false_a_new_version_is_recorded_not_retuned() -> None:
