@@ -401,17 +401,6 @@ def test_an_acceptance_drop_fires_the_drift_alert(world: World) -> None:
     world.drift_alert_s = time.monotonic() - dropped_at
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "a static incumbent whose batch grows past the load-shift factor when acceptance "
-        "drops (eagle3/3: 2.7 → 1.4 tokens per pass doubles the batch at the same traffic) "
-        "re-opens the search as a load move after 2 windows, before drift.for (6 windows): "
-        "no AcceptanceDrift, and the new reference is the dropped acceptance. The loop "
-        "(control/controller.py _monitor) must not count a batch move as a load move while "
-        "acceptance is below its drift line; a schedule incumbent (no load re-tune) drifts"
-    ),
-)
 def test_the_operator_records_the_drift_and_acts_per_drift_action(world: World) -> None:
     assert world.drift_alert_s is not None, "no acceptance drop was injected"
 

@@ -440,7 +440,12 @@ class Controller:
         ref_b = st.reference_running
         # A per-batch-size table adapts k inside the engine: a load move needs no re-tune.
         scheduled = dep.incumbent.schedule is not None
-        if ref_b is not None and not math.isnan(inc.running) and not scheduled:
+        if drifted:
+            # Fewer tokens per pass keep every request in the batch for more passes: at the
+            # same traffic the batch grows with the acceptance drop (k = 3 at 0.78 → 0.31
+            # doubles it). That move is the drift's, judged over drift.for, not a load move.
+            self.state = replace(self.state, shift_since_s=None)
+        elif ref_b is not None and not math.isnan(inc.running) and not scheduled:
             if not same_load(ref_b, inc.running, cfg.load_shift):
                 since = st.shift_since_s if st.shift_since_s is not None else w.start_s
                 self.state = replace(self.state, shift_since_s=since)

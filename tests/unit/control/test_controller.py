@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from spectune.control.controller import (
     Controller,
@@ -253,6 +253,31 @@ def test_an_acceptance_drop_that_persists_is_drift() -> None:
     assert len(drift) == 1 and "below" in drift[0].message
     fleet.acceptance_scale = 1.0
     run_until(c, lambda: c.state.phase is Phase.MONITORING, limit=5)
+
+
+@dataclass
+class LongerRequestsWhenDropped(FakeFleet):
+    """Open-loop traffic: after an acceptance drop every request needs more passes, so the
+    same requests per second keep a larger batch running (Little's law)."""
+
+    def _obs(self, arm: Arm, window: float, share: float = 1.0) -> Observation:
+        obs = super()._obs(arm, window, share)
+        if arm.drafter is None or obs.e2e is None:
+            return obs
+        return replace(obs, e2e=fake_hist(5.0 / self.acceptance_scale, obs.e2e.count))
+
+
+def test_the_batch_growth_an_acceptance_drop_causes_is_drift_not_a_load_move() -> None:
+    clock = FakeClock()
+    fleet = LongerRequestsWhenDropped(WORLD, clock, parse_arm("eagle3/8"))
+    c, events = make(fleet, clock, drift_for_s=1800, drift_action=DriftAction.ALERT)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    assert fleet.incumbent.schedule is None  # a static k: a load move would re-tune
+    asyncio.run(c.step())  # the reference window
+    before = len(events)
+    fleet.acceptance_scale = 0.4  # the batch grows 2.5x at the same traffic
+    run_until(c, lambda: c.state.phase is Phase.DRIFTED, limit=10)
+    assert [e.reason for e in events[before:]] == ["AcceptanceDrift"]
 
 
 def test_a_restarted_controller_resumes_without_repeating_a_trial() -> None:
