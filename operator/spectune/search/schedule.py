@@ -12,6 +12,7 @@ Called by the spectune policy at a final promotion. Pure: the history in, an arm
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -44,11 +45,15 @@ def learned_schedule(
 ) -> Arm | None:
     """A schedule arm for ``leader``'s drafter from every load regime settled so far.
 
-    Each earlier epoch whose final promotion is ``off`` or the leader's drafter at a fixed
-    k, and whose load differs from every other point's, contributes ``(batch, k)``; the
-    current epoch contributes ``(now_batch, leader.k)``. Range edges sit at the geometric
-    means between neighbouring batches. Returns None when there is one load regime only,
-    the leader is ``off``, or the draft lengths do not differ (a static arm says the same).
+    Each earlier epoch of the same model and traffic (opened by a load move:
+    :meth:`History.acceptance_epochs`) whose final promotion is ``off`` or the leader's
+    drafter at a fixed k, and whose load differs from every other point's, contributes
+    ``(batch, k)``; the current epoch contributes ``(now_batch, leader.k)``. Range edges sit
+    at the geometric means between neighbouring batches. Returns None when there is one load
+    regime only, the leader is ``off``, the draft lengths do not differ (a static arm says
+    the same), or k grows with the batch somewhere: verification over ``b·(k+1)`` tokens
+    only gets dearer as the batch grows, so such answers differ by something other than the
+    load, and a table would carry that into batches it was never measured at.
     """
     if leader.drafter is None or leader.schedule is not None or math.isnan(now_batch):
         return None
@@ -56,8 +61,9 @@ def learned_schedule(
     for epoch, name in history.promotions:
         finals[epoch] = name  # the last promotion of an epoch is its answer
     points: list[tuple[float, int]] = [(max(now_batch, 1.0), leader.k)]
+    same_model = set(history.acceptance_epochs())
     for epoch, name in sorted(finals.items()):
-        if epoch == history.epoch:
+        if epoch == history.epoch or epoch not in same_model:
             continue
         arm = parse_arm(name)
         if arm.schedule is not None or arm.drafter not in (None, leader.drafter):
@@ -68,7 +74,10 @@ def learned_schedule(
         points.append((max(b, 1.0), arm.k))
     if len(points) < 2 or len({k for _, k in points}) < 2:
         return None
-    return Arm.scheduled(leader.drafter, _ranges(sorted(points)))
+    ordered = sorted(points)
+    if any(k1 < k2 for (_, k1), (_, k2) in itertools.pairwise(ordered)):
+        return None
+    return Arm.scheduled(leader.drafter, _ranges(ordered))
 
 
 def _ranges(points: Sequence[tuple[float, int]]) -> tuple[tuple[int, int, int], ...]:
