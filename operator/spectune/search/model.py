@@ -42,7 +42,7 @@ from spectune.search.objective import WindowStats, same_load, saturated
 from spectune.search.policy import SearchSpace
 from spectune.search.schedule import epoch_batch
 
-__all__ = ["ArmBelief", "Beliefs", "build_beliefs"]
+__all__ = ["MAX_WINDOWS_PER_TRIAL", "ArmBelief", "Beliefs", "build_beliefs", "fair_windows"]
 
 #: Floor of a measured arm's log-spread: two windows of the same arm on the same traffic
 #: differ by about this much even when the quantile intervals are tight.
@@ -60,6 +60,36 @@ EXTRAPOLATION_STEP = 0.03
 ANCHOR_STEP = 0.01
 #: ...and per k away from a measured k when the engine gives no per-position data.
 NO_POSITION_STEP = 0.06
+
+
+#: At most this many windows for one trial (the policy extends a trial up to it).
+MAX_WINDOWS_PER_TRIAL = 3
+
+
+def fair_windows(t: TrialRecord) -> tuple[WindowRecord, ...]:
+    """The windows of a trial that compare canary and incumbent on equal terms.
+
+    A window in which the incumbent's pods were saturated (requests queued for many
+    steps) and the canary's were not is usually a backlog the incumbent carried in — from
+    a rollout at high load — while the canary started empty; a least-outstanding balancer
+    then floods it until it catches up. Its latency ratio flatters the canary, so such a
+    window is left out while the trial can still be extended. When every window of a trial
+    of :data:`MAX_WINDOWS_PER_TRIAL` is like that, the incumbent is short of capacity where
+    the canary is not, and they all count.
+    """
+    fair = tuple(
+        w
+        for w in t.windows
+        if not (
+            w.incumbent is not None
+            and w.canary is not None
+            and saturated(w.incumbent)
+            and not saturated(w.canary)
+        )
+    )
+    if not fair and len(t.windows) >= MAX_WINDOWS_PER_TRIAL:
+        return t.windows
+    return fair
 
 
 @dataclass(frozen=True)
@@ -235,7 +265,7 @@ def build_beliefs(
             # target missing, the metrics down — the arm is as untried as before.
             b.excluded[t.arm] = f"guardrail: {t.reason}"
         offset = offsets.get(t.incumbent)
-        for w in t.windows:
+        for w in fair_windows(t):
             if w.incumbent is not None:
                 if t.incumbent == incumbent.name:
                     inc_windows.append(w.incumbent)
@@ -394,8 +424,11 @@ def build_beliefs(
         vs = np.array([v for _, v in pts])
         if len(set(ks.tolist())) < 2:
             return float(np.mean(vs))
-        slope, intercept = np.polyfit(ks, vs, 1)
-        return float(intercept + slope * arm.k)
+        # Least squares in closed form: np.polyfit goes through LAPACK, whose work buffers
+        # (tens of MB per calling thread) the operator's thread pool would multiply.
+        dk = ks - ks.mean()
+        slope = float(np.dot(dk, vs - vs.mean()) / np.dot(dk, dk))
+        return float(vs.mean() + slope * (arm.k - ks.mean()))
 
     def predict(arm: Arm) -> tuple[float, float, float, float]:
         """(loss, spread, tpot ratio, E) of an arm from the model."""
@@ -531,7 +564,7 @@ def _incumbent_offsets(
     """
     edges: dict[tuple[str, str], _Measured] = defaultdict(_Measured)
     for t in trials:
-        for w in t.windows:
+        for w in fair_windows(t):
             if w.canary is not None and w.incumbent is not None and w.canary.requests > 0:
                 edges[(t.arm, t.incumbent)].add(w.canary, w.incumbent, sign)
     offsets: dict[str, tuple[float, float, float]] = {current: (0.0, 0.0, 0.0)}

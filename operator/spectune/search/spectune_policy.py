@@ -47,15 +47,19 @@ import numpy as np
 
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord
-from spectune.search.model import ArmBelief, Beliefs, build_beliefs
+from spectune.search.model import (
+    MAX_WINDOWS_PER_TRIAL,
+    ArmBelief,
+    Beliefs,
+    build_beliefs,
+    fair_windows,
+)
 from spectune.search.objective import Guardrails, WindowStats
 from spectune.search.policy import Decision, DecisionKind, Estimate, TuningContext
 from spectune.search.schedule import epoch_batch, learned_schedule
 
 __all__ = ["SpectunePolicy", "guardrail_breach"]
 
-#: At most this many windows for one trial when the canary finishes too few requests.
-MAX_WINDOWS_PER_TRIAL = 3
 #: An arm already tried this often in an epoch is not restarted again as a challenger.
 MAX_TRIALS_PER_ARM = 2
 #: Prior log-spread of a drafter never measured: speculation moves per-token latency from
@@ -104,10 +108,16 @@ class SpectunePolicy:
         if running is not None and running.windows:
             verdict = self._close(ctx, running)
             if verdict is None:
+                why = "too few canary requests so far"
+                if len(fair_windows(running)) < len(running.windows):
+                    why = (
+                        "the incumbent's pods are saturated and the canary's are not (a "
+                        "backlog the incumbent carried in), so the window is not a fair pair"
+                    )
                 return Decision(
                     DecisionKind.TRIAL,
                     parse_arm(running.arm),
-                    f"{running.arm}: too few canary requests so far; measuring another window",
+                    f"{running.arm}: {why}; measuring another window",
                 )
             end, why = verdict
             if end is Outcome.ABORTED:
@@ -126,7 +136,8 @@ class SpectunePolicy:
             why = guardrail_breach(last.canary, last.incumbent, ctx.objective.guardrails)
             if why is not None:
                 return Outcome.ABORTED, why
-        requests = sum(w.canary.requests for w in t.windows if w.canary is not None)
+        # Windows that did not compare on equal terms (fair_windows) do not count.
+        requests = sum(w.canary.requests for w in fair_windows(t) if w.canary is not None)
         if requests < ctx.min_requests and len(t.windows) < MAX_WINDOWS_PER_TRIAL:
             return None
         return Outcome.MEASURED, f"{len(t.windows)} window(s), {requests:.0f} canary requests"
@@ -204,13 +215,23 @@ class SpectunePolicy:
         # trial there predicts every smaller k) with a wide prior centred on the incumbent:
         # it is tried when nothing the model can see is more promising, and it keeps the
         # search from stopping until it has been ruled in or out.
+        # A drafter whose acceptance is known but which the model cannot price at this load
+        # (the load moved while `off` ran: no draft cost has been measured at it) enters
+        # the same way, halfway up its k range, as a second length does after a fall.
+        priced = {b.arm.drafter for b in beliefs.arms.values()}
         for d in ctx.space.drafters:
-            if d.name in beliefs.unexplored_drafters and d.name not in bad_drafters:
+            if d.name in bad_drafters:
+                continue
+            if d.name in beliefs.unexplored_drafters:
                 arm = Arm(d.name, d.max_k)
-                if arm.name not in tried and arm.name not in beliefs.excluded:
-                    beliefs.arms[arm.name] = ArmBelief(
-                        arm, 0.0, UNEXPLORED_SPREAD, False, 0, math.nan, math.nan
-                    )
+            elif d.name in beliefs.survival and d.name not in priced:
+                arm = Arm(d.name, math.ceil(d.max_k / 2))
+            else:
+                continue
+            if arm.name not in tried and arm.name not in beliefs.excluded:
+                beliefs.arms[arm.name] = ArmBelief(
+                    arm, 0.0, UNEXPLORED_SPREAD, False, 0, math.nan, math.nan
+                )
 
         # 2. The leader: the best measured arm (the incumbent counts as measured). Unmeasured
         # arms only ever challenge it: nothing is promoted on a prediction alone.

@@ -237,6 +237,47 @@ def test_at_saturation_off_is_measured_not_inferred_from_two_lengths() -> None:
     assert "off" not in after.estimates  # no inferred figure is shown for it
 
 
+def test_a_window_where_only_the_incumbent_is_backlogged_is_not_judged() -> None:
+    # The incumbent carried a queue in (a rollout at high load); the canary started empty
+    # and looks twice as fast. That window is not a fair pair: the trial is extended, and
+    # nothing is promoted on it.
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    incumbent = OFF
+    history = History(baseline=((0, WindowRecord(0, 300, world.stats(incumbent), None,
+                                                  incumbent.name)),))  # fmt: skip
+    policy = SpectunePolicy()
+    ctx = TuningContext(SPACE, Objective(), incumbent, 300.0, max_trials=12, seed=1)
+    arm = parse_arm("eagle3/8")
+    backlogged = replace(world.stats(incumbent), queue_p95=20.0, tpot_mean=0.09, objective=0.2,
+                         objective_low=0.19, objective_high=0.21)  # fmt: skip
+    trial = TrialRecord(arm.name, incumbent.name, 0, 300.0)
+    for i in range(3):
+        trial = trial.with_window(
+            WindowRecord(480 + 300 * i, 780 + 300 * i, backlogged, world.stats(arm), "off")
+        )
+        d = policy.decide(replace(ctx, now_s=780.0 + 300 * i), history.add_trial(trial))
+        if i < 2:
+            assert d.kind is DecisionKind.TRIAL and d.arm == arm
+            assert "not a fair pair" in d.reason
+    # Three windows in a row: the incumbent is short of capacity where the canary is not,
+    # and the windows count.
+    assert d.estimates[arm.name].measured
+
+
+def test_after_a_load_move_from_off_a_drafter_with_known_acceptance_is_tried() -> None:
+    # The load fell while off ran: acceptance carries over, but no draft cost is known at
+    # the new load, so nothing can be predicted — the search tries a drafter halfway up its
+    # k range instead of declaring off the best.
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    h = History(baseline=((0, WindowRecord(0, 300, world.stats(parse_arm("eagle3/8")), None,
+                                            "eagle3/8")),))  # fmt: skip
+    h = h.promoted("off").new_epoch(load_moved=True)
+    space = SearchSpace((DrafterSpec("eagle3", "eagle3", 8),))
+    ctx = TuningContext(space, Objective(), OFF, 600.0, max_trials=12, seed=1)
+    d = SpectunePolicy().decide(ctx, h)
+    assert d.kind is DecisionKind.TRIAL and d.arm == parse_arm("eagle3/4")
+
+
 def test_a_queue_p95_inside_the_first_buckets_is_not_saturation() -> None:
     world = WORLDS["chat: eagle3 wins at a small k"]
     stats = world.stats(parse_arm("eagle3/3"))
