@@ -11,6 +11,7 @@ of the history.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.objective import Objective, WindowStats, saturated
-from spectune.search.policy import DecisionKind, DrafterSpec, SearchSpace, TuningContext
+from spectune.search.policy import Decision, DecisionKind, DrafterSpec, SearchSpace, TuningContext
 from spectune.search.spectune_policy import SpectunePolicy
 
 
@@ -194,8 +195,12 @@ def _load_epoch_history(world: FakeWorld, inc: Arm) -> History:
     return history.new_epoch(load_moved=True)
 
 
-def test_two_draft_lengths_give_off_without_measuring_it() -> None:
-    world = WORLDS["chat: eagle3 wins at a small k"]
+def _after_a_second_length(
+    world: FakeWorld, stats: Callable[[Arm], WindowStats] | None = None
+) -> Decision:
+    """A load epoch from eagle3/5: the first trial (eagle3/1) and the decision after its
+    window, whose figures ``stats`` gives (the fake world's by default)."""
+    stats = stats or world.stats
     incumbent = parse_arm("eagle3/5")
     history = _load_epoch_history(world, incumbent)
     policy = SpectunePolicy()
@@ -203,9 +208,15 @@ def test_two_draft_lengths_give_off_without_measuring_it() -> None:
     first = policy.decide(ctx, history)
     assert first.arm == parse_arm("eagle3/1")
     trial = TrialRecord(first.arm.name, incumbent.name, 1, 600.0).with_window(
-        WindowRecord(780, 1080, world.stats(incumbent), world.stats(first.arm), incumbent.name)
+        WindowRecord(780, 1080, stats(incumbent), stats(first.arm), incumbent.name)
     )
-    after = policy.decide(replace(ctx, now_s=1080.0), history.add_trial(trial))
+    return policy.decide(replace(ctx, now_s=1080.0), history.add_trial(trial))
+
+
+def test_two_draft_lengths_give_off_without_measuring_it() -> None:
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    incumbent = parse_arm("eagle3/5")
+    after = _after_a_second_length(world)
     off = after.estimates["off"]
     truth = world.tpot(OFF) / world.tpot(incumbent)
     assert not off.measured
@@ -218,23 +229,21 @@ def test_at_saturation_off_is_measured_not_inferred_from_two_lengths() -> None:
     # and every batch sits at the engine's limit. Off would run a smaller batch, so the
     # drafted arms' latencies say nothing about it: the search measures it.
     world = WORLDS["chat: eagle3 wins at a small k"]
-    incumbent = parse_arm("eagle3/5")
-    history = _load_epoch_history(world, incumbent)
-    policy = SpectunePolicy()
-    ctx = TuningContext(SPACE, Objective(), incumbent, 600.0, max_trials=12, seed=1)
-    first = policy.decide(ctx, history)
-    assert first.arm == parse_arm("eagle3/1")
 
     def full(arm: Arm) -> WindowStats:
         return replace(world.stats(arm), running=256.0, queue_p95=120.0)
 
-    trial = TrialRecord(first.arm.name, incumbent.name, 1, 600.0).with_window(
-        WindowRecord(780, 1080, full(incumbent), full(first.arm), incumbent.name)
-    )
-    after = policy.decide(replace(ctx, now_s=1080.0), history.add_trial(trial))
+    after = _after_a_second_length(world, full)
     assert after.kind is DecisionKind.TRIAL and after.arm == OFF
     assert "saturated" in after.reason
     assert "off" not in after.estimates  # no inferred figure is shown for it
+
+
+def _fresh_from_off(world: FakeWorld) -> tuple[History, SpectunePolicy, TuningContext]:
+    """A fresh search from off: one baseline window, the policy and its context."""
+    history = History(baseline=((0, WindowRecord(0, 300, world.stats(OFF), None, "off")),))
+    ctx = TuningContext(SPACE, Objective(), OFF, 300.0, max_trials=12, seed=1)
+    return history, SpectunePolicy(), ctx
 
 
 def test_a_window_where_only_the_incumbent_is_backlogged_is_not_judged() -> None:
@@ -243,10 +252,7 @@ def test_a_window_where_only_the_incumbent_is_backlogged_is_not_judged() -> None
     # nothing is promoted on it.
     world = WORLDS["chat: eagle3 wins at a small k"]
     incumbent = OFF
-    history = History(baseline=((0, WindowRecord(0, 300, world.stats(incumbent), None,
-                                                  incumbent.name)),))  # fmt: skip
-    policy = SpectunePolicy()
-    ctx = TuningContext(SPACE, Objective(), incumbent, 300.0, max_trials=12, seed=1)
+    history, policy, ctx = _fresh_from_off(world)
     arm = parse_arm("eagle3/8")
     backlogged = replace(world.stats(incumbent), queue_p95=20.0, tpot_mean=0.09, objective=0.2,
                          objective_low=0.19, objective_high=0.21)  # fmt: skip
@@ -316,10 +322,7 @@ def test_a_trial_ended_before_its_first_window_leaves_its_arm_untried() -> None:
     # search picks up as if the trial had never started — not as if the arm had lost.
     world = WORLDS["chat: eagle3 wins at a small k"]
     incumbent = OFF
-    history = History(baseline=((0, WindowRecord(0, 300, world.stats(incumbent), None,
-                                                  incumbent.name)),))  # fmt: skip
-    policy = SpectunePolicy()
-    ctx = TuningContext(SPACE, Objective(), incumbent, 300.0, max_trials=12, seed=1)
+    history, policy, ctx = _fresh_from_off(world)
     first = policy.decide(ctx, history)
     assert first.kind is DecisionKind.TRIAL and first.arm is not None
     stopped = TrialRecord(first.arm.name, incumbent.name, 0, 300.0).ended(
