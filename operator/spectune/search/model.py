@@ -70,12 +70,13 @@ def fair_windows(t: TrialRecord) -> tuple[WindowRecord, ...]:
     """The windows of a trial that compare canary and incumbent on equal terms.
 
     A window in which the incumbent's pods were saturated (requests queued for many
-    steps) and the canary's were not is usually a backlog the incumbent carried in — from
-    a rollout at high load — while the canary started empty; a least-outstanding balancer
-    then floods it until it catches up. Its latency ratio flatters the canary, so such a
-    window is left out while the trial can still be extended. When every window of a trial
-    of :data:`MAX_WINDOWS_PER_TRIAL` is like that, the incumbent is short of capacity where
-    the canary is not, and they all count.
+    steps) and ran a far larger batch than the canary's, which were not saturated, is
+    usually a backlog the incumbent carried in — from a rollout at high load — while the
+    canary started empty and is still filling up. Its latency ratio flatters the canary, so
+    such a window is left out while the trial can still be extended. (An incumbent that
+    queues at the canary's batch — its drafter's memory shrank the KV pool — is a fair
+    comparison.) When every window of a trial of :data:`MAX_WINDOWS_PER_TRIAL` is like
+    that, the incumbent is short of capacity where the canary is not, and they all count.
     """
     fair = tuple(
         w
@@ -85,6 +86,8 @@ def fair_windows(t: TrialRecord) -> tuple[WindowRecord, ...]:
             and w.canary is not None
             and saturated(w.incumbent)
             and not saturated(w.canary)
+            and w.incumbent.running > w.canary.running
+            and not same_load(w.incumbent.running, w.canary.running, SIMILAR_LOAD)
         )
     )
     if not fair and len(t.windows) >= MAX_WINDOWS_PER_TRIAL:

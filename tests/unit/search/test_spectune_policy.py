@@ -255,7 +255,7 @@ def test_a_window_where_only_the_incumbent_is_backlogged_is_not_judged() -> None
     history, policy, ctx = _fresh_from_off(world)
     arm = parse_arm("eagle3/8")
     backlogged = replace(world.stats(incumbent), queue_p95=20.0, tpot_mean=0.09, objective=0.2,
-                         objective_low=0.19, objective_high=0.21)  # fmt: skip
+                         objective_low=0.19, objective_high=0.21, running=30.0)  # fmt: skip
     trial = TrialRecord(arm.name, incumbent.name, 0, 300.0)
     for i in range(3):
         trial = trial.with_window(
@@ -268,6 +268,14 @@ def test_a_window_where_only_the_incumbent_is_backlogged_is_not_judged() -> None
     # Three windows in a row: the incumbent is short of capacity where the canary is not,
     # and the windows count.
     assert d.estimates[arm.name].measured
+    # An incumbent that queues at the canary's batch (its drafter's memory shrank the KV
+    # pool) is a fair pair: one window is judged.
+    queueing = replace(backlogged, running=world.stats(arm).running)
+    one = TrialRecord(arm.name, incumbent.name, 0, 300.0).with_window(
+        WindowRecord(480, 780, queueing, world.stats(arm), "off")
+    )
+    d = policy.decide(replace(ctx, now_s=780.0), history.add_trial(one))
+    assert "not a fair pair" not in d.reason and d.estimates[arm.name].measured
 
 
 def test_after_a_load_move_from_off_a_drafter_with_known_acceptance_is_tried() -> None:
