@@ -436,29 +436,49 @@ class Controller:
             self.state = replace(self.state, drift_since_s=None)
             if st.phase is Phase.DRIFTED:
                 self.state = replace(self.state, phase=Phase.MONITORING)
-        # Load: a sustained change of the batch size moves the optimum (DESIGN.md §1.4).
-        ref_b = st.reference_running
+        # Load: a sustained change of the offered load moves the optimum (DESIGN.md §1.4).
+        # The request rate, not the batch: a batch that grows at the same rate is the
+        # service slowing down (an acceptance drop, a smaller KV pool), not more traffic.
         # A per-batch-size table adapts k inside the engine: a load move needs no re-tune.
         scheduled = dep.incumbent.schedule is not None
-        if drifted:
-            # Fewer tokens per pass keep every request in the batch for more passes: at the
-            # same traffic the batch grows with the acceptance drop (k = 3 at 0.78 → 0.31
-            # doubles it). That move is the drift's, judged over drift.for, not a load move.
+        ref_w = self._reference_window()
+        if drifted or ref_w is None or scheduled:
+            # While drifted, fewer tokens per pass keep every request in the batch for more
+            # passes: that move is the drift's, judged over drift.for.
             self.state = replace(self.state, shift_since_s=None)
-        elif ref_b is not None and not math.isnan(inc.running) and not scheduled:
-            if not same_load(ref_b, inc.running, cfg.load_shift):
-                since = st.shift_since_s if st.shift_since_s is not None else w.start_s
-                self.state = replace(self.state, shift_since_s=since)
-                # Sustained for two windows — or at once when the pods saturated (requests
-                # queue for many steps): that is no burst, and every window costs users.
-                full = saturated(inc)
-                if now - since >= 2 * cfg.window_s or full:
-                    why = f"running batch moved from {ref_b:.1f} to {inc.running:.1f} per pod"
-                    if full:
-                        why += f" and requests queue (p95 {inc.queue_p95:.1f}s): saturated"
-                    await self._retune(why, load_moved=True)
-            else:
-                self.state = replace(self.state, shift_since_s=None)
+            return
+        shared = self.config.shared_traffic
+        if _moved(ref_w, w, cfg.load_shift, shared) == 0:
+            self.state = replace(self.state, shift_since_s=None)
+            return
+        since = st.shift_since_s if st.shift_since_s is not None else w.start_s
+        self.state = replace(self.state, shift_since_s=since)
+        # Sustained for two windows — or at once when it moved by the factor squared, or the
+        # pods saturated (requests queue for many steps): no burst does that, and every
+        # window then costs users.
+        full = saturated(inc)
+        large = _moved(ref_w, w, cfg.load_shift**2, shared) != 0
+        if now - since >= 2 * cfg.window_s or full or large:
+            (before, b0), (rate, b1) = _load(ref_w, shared), _load(w, shared)
+            why = (
+                f"offered load moved from {before:.2f} to {rate:.2f} requests/s (running "
+                f"batch {b0:.1f} → {b1:.1f} per pod)"
+            )
+            if full:
+                why += f"; requests queue (p95 {inc.queue_p95:.1f}s): saturated"
+            await self._retune(why, load_moved=True)
+
+    def _reference_window(self) -> WindowRecord | None:
+        """The first window on the promoted setting (the monitoring reference), or None."""
+        converged = self.state.converged_at_s
+        if converged is None or self.state.reference_running is None:
+            return None
+        after = [
+            w
+            for w in self.history.baseline_windows()
+            if w.start_s >= converged and w.incumbent is not None
+        ]
+        return min(after, key=lambda w: w.start_s) if after else None
 
     async def run(self, until_s: float) -> None:
         """Step until the clock reaches ``until_s``."""

@@ -362,23 +362,27 @@ def test_in_place_trials_count_the_traffic_once() -> None:
     assert retunes(shared=True) == 1  # what counting both sides would have done
 
 
-def test_while_monitoring_a_load_move_reopens_after_two_windows_or_at_once_when_saturated() -> None:
-    def windows_to_retune(queue_s: float) -> tuple[int, str]:
+def test_while_monitoring_a_load_move_reopens_after_two_windows_or_at_once() -> None:
+    def windows_to_retune(load: float, queue_s: float = 0.01) -> tuple[int | None, str]:
         clock = FakeClock()
         fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
         c, events = make(fleet, clock)
         run_until(c, lambda: c.state.phase is Phase.MONITORING)
         asyncio.run(c.step())  # the reference window
-        fleet.load, fleet.queue_s = 10.0, queue_s
+        fleet.load, fleet.queue_s = load, queue_s
         for n in range(1, 5):
             asyncio.run(c.step())
             retune = [e for e in events if e.reason == "Retune"]
             if retune:
                 return n, retune[0].message
-        raise AssertionError("no re-tune in four windows")
+        return None, ""
 
-    n, why = windows_to_retune(queue_s=0.01)
+    n, why = windows_to_retune(load=2.0)  # twice the requests per second
     assert n == 2 and "saturated" not in why  # sustained: two windows at the new load
-    n, why = windows_to_retune(queue_s=60.0)  # requests wait a minute to be scheduled
-    assert n == 1 and "running batch moved from" in why
-    assert "per pod and requests queue (p95 " in why and why.endswith("saturated")
+    assert "offered load moved from 1.33 to 2.67 requests/s" in why
+    n, why = windows_to_retune(load=10.0)  # beyond the factor squared: no burst does that
+    assert n == 1 and "offered load moved from 1.33 to 13.33 requests/s" in why
+    n, why = windows_to_retune(load=2.0, queue_s=60.0)  # requests wait a minute: saturated
+    assert n == 1 and why.endswith("saturated") and "requests queue (p95 " in why
+    # Requests that merely wait longer, at the same rate, are no load move.
+    assert windows_to_retune(load=1.0, queue_s=60.0) == (None, "")
