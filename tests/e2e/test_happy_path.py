@@ -409,12 +409,14 @@ def test_the_operator_records_the_drift_and_acts_per_drift_action(world: World) 
         found = [e for e in events if e["reason"] == "AcceptanceDrift"]
         if not found:
             return None
-        return {"event": found[-1], "retune": [e for e in events if e["reason"] == "Retune"][-1:]}
+        retunes = [e for e in events if e["reason"] == "Retune"]
+        return {"event": found[-1], "retune": [e for e in retunes if "acceptance" in e["message"]]}
 
     seen = wait_for(drifted, timeout=180, interval=1.0, message=lambda: f"drift; {world.why()}")
     event = seen["event"]
     assert event["type"] == "Warning"
     assert "below" in event["message"], event["message"]
-    # drift.action retune (as shipped): the operator re-opened the search; the alert action
+    # drift.action retune (as shipped): the operator re-opened the search, naming the drift
+    # (the new search may have re-opened again since, e.g. on a load move); the alert action
     # would hold the setting in phase Drifted instead
-    assert seen["retune"] and "acceptance" in seen["retune"][0]["message"], seen["retune"]
+    assert seen["retune"], f"no Retune names the acceptance drop; {world.why()}"
