@@ -191,11 +191,7 @@ class SpectunePolicy:
         # from another k of the incumbent's drafter that way (two lengths give the plain
         # step and the draft cost; model.py), a trial that may itself be the new optimum.
         if beliefs.needs_off and OFF.name not in tried and OFF.name not in beliefs.excluded:
-            second = (
-                None
-                if beliefs.saturated
-                else _second_length(ctx, history, beliefs, tried | set(beliefs.excluded))
-            )
+            second = _second_length(ctx, history, beliefs, tried | set(beliefs.excluded))
             if second is not None:
                 return decision(
                     DecisionKind.TRIAL,
@@ -329,12 +325,15 @@ def _second_length(
     cost line and the likeliest new optimum — or, from ``k = 1``, nothing (``off`` is the
     next step down). After a fall, the k halfway to the drafter's largest. None as well
     outside a load epoch, when the incumbent is off or a schedule, its drafter's acceptance
-    is unknown, or the wanted k was tried or excluded.
+    is unknown, the pods are saturated (two drafted lengths say nothing about ``off``
+    there), or the wanted k was tried or excluded.
     """
     inc = ctx.incumbent
     d = inc.drafter
     direction = _load_direction(history)
     if direction == 0 or d is None or inc.schedule is not None or d not in beliefs.survival:
+        return None
+    if beliefs.saturated:
         return None
     spec = next((x for x in ctx.space.drafters if x.name == d), None)
     if spec is None:
