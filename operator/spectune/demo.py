@@ -127,6 +127,7 @@ def demo_command(ns: argparse.Namespace) -> int:
         "initial_arm": initial.name,
         "trials": stage.trials,
         "phase": controller.state.phase.value,
+        "unfinished_trial": stage.canary_arm.name if stage.canary_arm else None,
         "values": {k: _round(v) for k, v in values.items()},
         "gain_over_initial": _round(gain(initial.name)),
         "gain_over_off": _round(gain(OFF.name)),
@@ -154,6 +155,13 @@ def demo_command(ns: argparse.Namespace) -> int:
         + f". Gain: {outcome['gain_over_initial']:.2f}× over the initial {initial.name}, "
         f"{outcome['gain_over_off']:.2f}× over off."
     )
+    if stage.canary_arm is not None:
+        # The scenario's end cuts the last window short; nothing is decided on it.
+        console.print(
+            f"The scenario ended during the trial of {stage.canary_arm.name} on the canary, "
+            f"before its window was complete: the target keeps {final.name}, the best arm "
+            "measured so far."
+        )
     if report:
         console.print(f"Report for {final.drafter}: {report[-1]}")
     return 0

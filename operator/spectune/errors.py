@@ -49,7 +49,9 @@ class RolloutStuckError(SpecTuneError):
 
 
 class WindowCutError(SpecTuneError):
-    """A measurement window was cut short: the model changed under it (temporary).
+    """A measurement window was cut short: the model changed under it, or the run ended.
 
-    Its figures mix two models, so they are dropped; the next step sees the change.
+    (Temporary.) The run that ends is a simulated scenario's, in the bench. The window's
+    figures mix two models, or cover less than a window, so they are dropped; the next
+    step sees the change.
     """

@@ -296,9 +296,18 @@ class SimGroupMetrics:
         """Scrape, wait out the window, scrape again; one Observation per group.
 
         A window that a ``model_version`` event falls into is cut there, as the operator
-        cuts one when the target's model version changes: :class:`WindowCutError`.
+        cuts one when the target's model version changes: :class:`WindowCutError`. So is
+        one that the end of the scenario cuts short: the operator never reads a window
+        shorter than its length, and nothing may be decided on one (a trial started on it
+        would count as a restart the run never measures).
         """
         start = self.stage.now
+        if start + window_s > self.stage.end_s:
+            self.stage.advance_to(self.stage.end_s)
+            raise WindowCutError(
+                f"the scenario ends at {self.stage.end_s:.0f}s, {self.stage.end_s - start:.0f}s "
+                f"into a {window_s:.0f}s window: the window is dropped"
+            )
         before = self._pages()
         version = self.stage.fleet.model_version
         cut = self.stage.next_model_change(start)

@@ -186,3 +186,14 @@ def test_time_never_runs_past_the_scenario_end():
     stage = stage_of()
     asyncio.run(VirtualClock(stage).sleep(10_000))
     assert stage.now == 600
+
+
+def test_a_window_that_the_scenario_end_cuts_short_is_dropped():
+    # Nothing may be decided on a window shorter than its length: a trial started on one
+    # would be a restart the run never measures (the bench counts it in `trials`).
+    stage = stage_of()
+    metrics = SimGroupMetrics(stage)
+    asyncio.run(VirtualClock(stage).sleep(400))
+    with pytest.raises(WindowCutError, match="the scenario ends at 600s, 200s into a 300s"):
+        asyncio.run(metrics.observe(300))
+    assert stage.now == 600

@@ -24,7 +24,12 @@ def test_the_demo_finds_a_speculative_setting_and_shows_its_gain(tmp_path: Path)
     assert out["gain_over_off"] > 1.3
     assert out["trials"] <= 6
     reasons = [d["reason"] for d in out["decisions"]]
-    assert "TrialStarted" in reasons and reasons[-1] == "Promoted"
+    assert "TrialStarted" in reasons and "Promoted" in reasons
+    # The search either ended on a promotion, or the scenario ended inside a trial's window
+    # and the demo names that trial (nothing is decided on a window cut short).
+    if reasons[-1] != "Promoted":
+        trial = out["unfinished_trial"]
+        assert trial and trial in out["decisions"][-1]["message"]
     for name in ("acceptance.png", "speedup.png"):
         assert (tmp_path / "r" / name).read_bytes()[:4] == b"\x89PNG"
     assert 'src="speedup.png"' in (tmp_path / "r" / "index.html").read_text()
