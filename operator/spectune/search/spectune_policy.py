@@ -62,10 +62,15 @@ __all__ = ["SpectunePolicy", "guardrail_breach"]
 
 #: An arm already tried this often in an epoch is not restarted again as a challenger.
 MAX_TRIALS_PER_ARM = 2
-#: Prior log-spread of a drafter never measured: speculation moves per-token latency from
-#: about 0.4× to 1.5× of no speculation across published workloads (reference/anchors.md),
-#: a log range of about ±0.7, so ±2σ covers it at 0.35.
-UNEXPLORED_SPREAD = 0.35
+#: Prior of a drafter never measured, relative to ``off``: published serving results range
+#: from 3.2× lower latency than no speculation (SmartSpec; prompt lookup and EAGLE report
+#: 2–3× as well) to 1.4× higher (vLLM's blog, a draft model at high QPS), a log range from
+#: −1.16 to +0.34 (reference/anchors.md). Its middle, −0.41 (0.66× off's latency), is the
+#: prior mean, and ±2σ covers the range at σ = 0.375. Centred on ``off`` rather than on the
+#: incumbent: once a drafter beats ``off``, an unseen one is still as likely as before to
+#: beat it too.
+UNEXPLORED_GAIN = 0.41
+UNEXPLORED_SPREAD = 0.375
 #: Loads within this factor are one regime when learning a per-batch-size table (the
 #: controller's default load-shift factor).
 LOAD_FACTOR = 1.6
@@ -162,7 +167,6 @@ class SpectunePolicy:
         for name in list(beliefs.arms):
             if beliefs.arms[name].arm.drafter in bad_drafters:
                 del beliefs.arms[name]
-        estimates = _estimates(beliefs, minimise)
         # A trial ended before its first window (suspended, the target went missing, the
         # metrics failed) says nothing about its arm: the arm is still untried.
         tried = {
@@ -180,7 +184,8 @@ class SpectunePolicy:
             reason = f"{prefix}; {why}" if prefix else why
             if beliefs.notes:
                 reason += " (" + "; ".join(beliefs.notes) + ")"
-            return Decision(kind, arm, reason, end, estimates)
+            # Every arm's estimate as of this decision, priors of unseen drafters included.
+            return Decision(kind, arm, reason, end, _estimates(beliefs, minimise))
 
         if trials >= ctx.max_trials:
             leader = _leader(beliefs, measured_only=True) or ctx.incumbent
@@ -208,13 +213,16 @@ class SpectunePolicy:
                 )
             return decision(DecisionKind.TRIAL, OFF, why)
         # A drafter whose acceptance was never seen enters the race at its largest k (one
-        # trial there predicts every smaller k) with a wide prior centred on the incumbent:
-        # it is tried when nothing the model can see is more promising, and it keeps the
-        # search from stopping until it has been ruled in or out.
+        # trial there predicts every smaller k) with a wide prior relative to off's belief
+        # (UNEXPLORED_GAIN; the incumbent's when off cannot be estimated yet): it is tried
+        # when nothing the model can see is more promising, and it keeps the search from
+        # stopping until it has been ruled in or out.
         # A drafter whose acceptance is known but which the model cannot price at this load
         # (the load moved while `off` ran: no draft cost has been measured at it) enters
         # the same way, halfway up its k range, as a second length does after a fall.
         priced = {b.arm.drafter for b in beliefs.arms.values()}
+        off_belief = beliefs.arms.get(OFF.name)
+        prior = (off_belief.loss if off_belief is not None else 0.0) - UNEXPLORED_GAIN
         for d in ctx.space.drafters:
             if d.name in bad_drafters:
                 continue
@@ -226,7 +234,7 @@ class SpectunePolicy:
                 continue
             if arm.name not in tried and arm.name not in beliefs.excluded:
                 beliefs.arms[arm.name] = ArmBelief(
-                    arm, 0.0, UNEXPLORED_SPREAD, False, 0, math.nan, math.nan
+                    arm, prior, UNEXPLORED_SPREAD, False, 0, math.nan, math.nan
                 )
 
         # 2. The leader: the best measured arm (the incumbent counts as measured). Unmeasured
@@ -270,7 +278,7 @@ class SpectunePolicy:
                     f"{better:.2f} ({_describe(lb, minimise, ctx)}); promoting it while "
                     "the search goes on",
                     end,
-                    estimates,
+                    _estimates(beliefs, minimise),
                     final=False,
                 )
         for i, n in enumerate(names):
@@ -286,9 +294,14 @@ class SpectunePolicy:
         ci = int(np.argmax(gain)) if np.max(gain) >= 0 else int(np.argmax(beats))
         challenger = beliefs.arms[names[ci]].arm
         # The arm on the canary is extended by a window (no restart) when it is still the
-        # leader or the challenger: its own figures, not its drafter's, are in question.
+        # leader or the challenger: its own figures, not its drafter's, are in question —
+        # unless it leads and the challenger beats it by ε with confidence: then no window
+        # of the leader can spare the challenger's trial.
         extend = running is not None and len(running.windows) < MAX_WINDOWS_PER_TRIAL
-        in_race = running is not None and running.arm in (leader.name, challenger.name)
+        in_race = running is not None and (
+            running.arm == challenger.name
+            or (running.arm == leader.name and beats[ci] < 1 - ctx.delta)
+        )
         if extend and in_race and running is not None and beats[ci] >= ctx.delta:
             return Decision(
                 DecisionKind.TRIAL,
@@ -296,7 +309,7 @@ class SpectunePolicy:
                 f"{running.arm} is still in the race (P(within ε) = {p_ok:.2f}); "
                 "measuring another window",
                 None,
-                estimates,
+                _estimates(beliefs, minimise),
             )
         if beats[ci] < ctx.delta:
             return decision(

@@ -338,3 +338,47 @@ def test_a_trial_ended_before_its_first_window_leaves_its_arm_untried() -> None:
     )
     again = policy.decide(ctx, history.add_trial(stopped))
     assert again.kind is DecisionKind.TRIAL and again.arm == first.arm
+
+
+def test_a_leading_canary_is_not_extended_when_a_challenger_surely_beats_it() -> None:
+    # ngram/8 on the canary leads the incumbent eagle3/8 by a hair, and the incumbent's own
+    # per-position counters say a short eagle3 k beats both by far: another window of
+    # ngram/8 could not spare that trial, so the challenger starts now.
+    world = FakeWorld({"eagle3": (0.9, 0.6, 0.12), "ngram": (0.31, 0.9, 0.01)})
+    inc, leader = parse_arm("eagle3/8"), parse_arm("ngram/8")
+    assert world.tpot(leader) < world.tpot(inc) < 1.02 * world.tpot(leader)
+    history = History(baseline=((0, WindowRecord(0, 300, world.stats(inc), None, inc.name)),))
+    off_trial = TrialRecord(OFF.name, inc.name, 0, 300.0).with_window(
+        WindowRecord(480, 780, world.stats(inc), world.stats(OFF), inc.name)
+    )
+    history = history.add_trial(off_trial.ended(Outcome.MEASURED, "next"))
+    running = TrialRecord(leader.name, inc.name, 0, 780.0).with_window(
+        WindowRecord(960, 1260, world.stats(inc), world.stats(leader), inc.name)
+    )
+    ctx = TuningContext(SPACE, Objective(), inc, 1260.0, max_trials=12, seed=1)
+    d = SpectunePolicy().decide(ctx, history.add_trial(running))
+    assert d.kind is DecisionKind.TRIAL and d.arm is not None, d.reason
+    assert d.arm.drafter == "eagle3" and d.arm.k <= 4, d.reason
+    assert d.end_running is Outcome.MEASURED
+
+
+def test_a_drafter_never_measured_is_priced_below_off_by_the_published_range() -> None:
+    # Published serving results put speculation between 3.2x faster and 1.4x slower than
+    # none: an unseen drafter's prior sits at their geometric middle below *off* (not at
+    # the incumbent), so eagle3 measured slower than off at k = 8 does not make ngram look
+    # like a worse bet than refining eagle3's k: ngram/8 is tried next.
+    world = FakeWorld({"eagle3": (0.6, 0.8, 0.2), "ngram": (0.9, 0.99, 0.01)})
+    history, policy, ctx = _fresh_from_off(world)
+    e8 = parse_arm("eagle3/8")
+    assert world.tpot(e8) > world.tpot(OFF)
+    history = history.add_trial(
+        TrialRecord(e8.name, OFF.name, 0, 300.0).with_window(
+            WindowRecord(480, 780, world.stats(OFF), world.stats(e8), OFF.name)
+        )
+    )
+    d = policy.decide(replace(ctx, now_s=780.0), history)
+    assert d.kind is DecisionKind.TRIAL and d.arm == parse_arm("ngram/8"), d.reason
+    prior = d.estimates["ngram/8"]
+    assert not prior.measured
+    assert prior.value == pytest.approx(0.66 * d.estimates[OFF.name].value, rel=0.01)
+    assert prior.low < 0.33 and prior.high > 1.35  # about the whole published range
