@@ -7,7 +7,10 @@ hands the controller its three faces. The brain sees only what a cluster would s
 * :class:`SimActuator` starts the canary on extra replicas (the fleet's last
   ``canary_replicas``, parked while no canary runs, as a canary Deployment's pods are extra
   pods on a cluster) with a restart, and promotes with a rolling update of the target's
-  replicas — one at a time, each drained, restarted and serving before the next — so
+  replicas as Kubernetes' default strategy runs it for fewer than four replicas (maxSurge
+  1, maxUnavailable 0): a new pod first, on the GPU the stopped canary frees, then one old
+  pod at a time drains and its GPU takes the next new pod; the last old pod's GPU becomes
+  the canary's slot. The service never has fewer than its replicas serving, and
   exploration costs what it costs on a cluster. Stopping a canary drains and parks it.
   Scenario ``model_version`` events appear in ``Deployment.model_version``, ``route_mix``
   events in ``Deployment.routes`` (a fingerprint of the route shares).
@@ -74,6 +77,7 @@ class SimStage:
         self._generation = [0] * n
         self._queue: list[int] = []
         self._current: int | None = None
+        self._retire: int | None = None
         self._model_events = [e for e in fleet.scenario.events if isinstance(e, ModelVersionEvent)]
         self._route_events = sorted(
             (e for e in fleet.scenario.events if isinstance(e, RouteMixEvent)),
@@ -139,11 +143,18 @@ class SimStage:
         self.promotion_failure = None
         self.incumbent = arm
         self.timeline.append((self.now, arm.name))
-        self._queue = [
+        old = [
             i
             for i in range(self.fleet.size)
             if i not in self.canary_idx and self._configured[i] != arm
         ]
+        # Surge onto the canary's slot first; each old pod's GPU then takes the next new
+        # pod (a restart of that replica: it drains, is down restart_s, serves the arm);
+        # the last old pod is only retired, and its slot is the canary's from then on.
+        # (A canary still running keeps its slot: then each old pod restarts in place.)
+        surge = bool(old) and self.canary_arm is None
+        self._queue = [self.canary_idx[0], *old[:-1]] if surge else old
+        self._retire = old[-1] if surge else None
         self._current = None
         self._roll()
 
@@ -164,6 +175,10 @@ class SimStage:
                     return
                 self._current = None
             if not self._queue:
+                if self._retire is not None:
+                    self.fleet.park([self._retire])
+                    self.canary_idx = (*self.canary_idx[1:], self._retire)
+                    self._retire = None
                 return
             self._current = self._queue.pop(0)
             self._apply(self.incumbent, [self._current])

@@ -99,38 +99,53 @@ def test_a_canary_restarts_only_the_canary_replicas_and_reports_failures():
     assert stage.trials == 2
 
 
-def test_promotion_rolls_one_replica_at_a_time_and_counts_one_trial():
+def _serving(stage: SimStage) -> int:
+    return sum(s.phase is Phase.SERVING for s in stage.fleet.states())
+
+
+def test_promotion_surges_onto_the_canary_slot_and_never_serves_fewer_replicas():
+    # Kubernetes' default rolling update below four replicas (maxSurge 1, maxUnavailable
+    # 0): a new pod first, on the GPU the canary slot holds; then each old pod's GPU takes
+    # the next new pod; the last old pod is retired and its slot becomes the canary's.
     stage = stage_of(fleet={"replicas": 3})
     stage.advance_to(10)
     stage.promote(Arm("eagle3", 3))
     assert stage.trials == 1
     assert stage.deployment().rolling
-    down_at_once = 0
+    fewest = _serving(stage)
     while stage.rolling:
         stage.advance_to(stage.now + 1.0)
-        states = stage.fleet.states()[:3]  # the target's replicas; the canary slot is parked
-        down_at_once = max(down_at_once, sum(s.phase is not Phase.SERVING for s in states))
-    assert down_at_once == 1
-    assert all(s.arm == Arm("eagle3", 3) for s in stage.fleet.states()[:3])
-    assert stage.fleet.states()[3].phase is Phase.PARKED
+        fewest = min(fewest, _serving(stage))
+    assert fewest == 3
+    stage.advance_to(stage.now + 300)  # the retired pod finishes what it holds
+    states = stage.fleet.states()
+    serving = [s for s in states if s.phase is Phase.SERVING]
+    assert len(serving) == 3 and all(s.arm == Arm("eagle3", 3) for s in serving)
+    assert [s.index for s in states if s.phase is Phase.PARKED] == list(stage.canary_idx)
     assert stage.incumbent_at(stage.now) == "eagle3/3"
     assert stage.incumbent_at(9.0) == "off"
     # Promoting what runs changes nothing and costs nothing.
     stage.promote(Arm("eagle3", 3))
     assert stage.trials == 1 and not stage.rolling
-
-
-def test_promoting_the_canary_arm_rolls_the_target_and_removes_the_canary():
-    stage = stage_of()
+    # The next canary starts on the retired pod's slot, beside the three new ones.
     stage.start_canary(Arm("eagle3", 2))
-    stage.advance_to(60)
+    stage.advance_to(stage.now + 400)
+    roles = [stage.role(s.index) for s in stage.fleet.states() if s.phase is Phase.SERVING]
+    assert roles.count(Group.CANARY) == 1 and roles.count(Group.INCUMBENT) == 3
+
+
+def test_a_one_replica_target_keeps_serving_through_a_promotion():
+    stage = stage_of(fleet={"replicas": 1})
+    stage.start_canary(Arm("eagle3", 2))
+    stage.advance_to(300)
     stage.stop_canary()
     stage.promote(Arm("eagle3", 2))
     while stage.rolling:
+        assert _serving(stage) >= 1
         stage.advance_to(stage.now + 5.0)
-    assert [stage.pod(i) for i in (0, 1)] == ["replica-0-1", "replica-1-1"]  # one restart each
-    assert [s.arm for s in stage.fleet.states()[:2]] == [Arm("eagle3", 2)] * 2
-    assert stage.fleet.states()[2].phase is Phase.PARKED
+    states = stage.fleet.states()
+    assert [s.arm for s in states if s.phase is Phase.SERVING] == [Arm("eagle3", 2)]
+    assert stage.pod(1) == "replica-1-2"  # the canary's slot, restarted for the promotion
     assert stage.trials == 2  # the canary start and the promotion
 
 
