@@ -22,8 +22,10 @@ measured so far. Then:
    visit arms to learn them; BanditSpec, Hou et al. 2025, is UCB-style over a small set).
    An arm whose chance of beating the leader by ε is below δ is not worth a restart, so
    when no challenger reaches δ the leader is promoted. The arm on the canary is extended
-   by another window (no restart) while it is in the race, up to three windows; an arm
-   is restarted at most twice per epoch.
+   by another window (no restart) while it is in the race — unless it leads and a
+   challenger beats it with confidence — up to three windows; an arm is restarted at most
+   twice per epoch. A drafter never measured is priced with a wide prior below ``off``
+   (:data:`UNEXPLORED_GAIN`, from the published range of speedups).
 
 Guardrails close a trial within its first window when the canary's TTFT p95 or queue-time
 p95 is worse than the incumbent's beyond the tolerance with confidence (the canary's lower
