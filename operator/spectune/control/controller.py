@@ -232,10 +232,11 @@ class Controller:
 
     async def _explore(self, dep: Deployment) -> None:
         running = self._running()
-        if running is None and (self.hold_trials or self._stale()):
+        if running is None and (self.hold_trials or self._stale() or self._unseen(dep)):
             # The metric source just failed, or a long rollout (a promotion under load)
-            # left the evidence older than a window: look at the incumbent again before
-            # choosing (the load may have moved); a failure here starts nothing.
+            # left the evidence older than a window, or an arm promoted while the search
+            # goes on has not yet run alone: look at the incumbent before choosing (the
+            # load may have moved); a failure here starts nothing.
             w = await self._baseline_window(dep)
             await self._load_moved(w)
             return
@@ -273,6 +274,25 @@ class Controller:
         decision = self.policy.decide(self._context(dep.incumbent), self.history)
         self.last_decision = decision
         await self._act(decision, dep)
+
+    def _unseen(self, dep: Deployment) -> bool:
+        """Whether the incumbent was promoted mid-search and has not run alone since.
+
+        Trials run on canary pods added beside the target's, so every trial window sees
+        less load per pod than the target carries alone. One window of the promoted arm
+        alone is its only look at that load: there it may saturate where the trials did
+        not (load-ramp: draft1b/1 at 10 requests/s fills two pods but not three), and the
+        load move that shows is caught before the next trial is chosen.
+        """
+        trials = self.history.in_epoch()
+        if not trials or trials[-1].incumbent == dep.incumbent.name:
+            return False
+        last = trials[-1]
+        since = max((w.end_s for w in last.windows), default=last.started_s)
+        return not any(
+            w.incumbent_arm == dep.incumbent.name and w.start_s >= since
+            for w in self.history.baseline_windows()
+        )
 
     def _stale(self) -> bool:
         """Whether the epoch's last window ended more than a window ago (False if none)."""

@@ -386,3 +386,25 @@ def test_while_monitoring_a_load_move_reopens_after_two_windows_or_at_once() -> 
     assert n == 1 and why.endswith("saturated") and "requests queue (p95 " in why
     # Requests that merely wait longer, at the same rate, are no load move.
     assert windows_to_retune(load=1.0, queue_s=60.0) == (None, "")
+
+
+def test_an_arm_promoted_mid_search_runs_alone_for_a_window_before_the_next_trial() -> None:
+    # Trials run beside the target's pods, so the promoted arm has never carried the
+    # target's own per-pod load: one window of it alone comes before the next trial.
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("off"))
+    c, _ = make(fleet, clock)
+    run_until(c, lambda: bool(fleet.promotions))
+    assert c.state.phase is Phase.EXPLORING  # promoted while the search goes on
+    promoted, starts = fleet.promotions[0], list(fleet.starts)
+    before = len(c.history.baseline_windows())
+    asyncio.run(c.step())
+    assert fleet.starts == starts  # no trial yet
+    windows = c.history.baseline_windows()
+    assert len(windows) == before + 1 and windows[-1].incumbent_arm == promoted
+    # Restart-safe: a controller rebuilt from the history does not take it again.
+    again, _ = make(fleet, clock, history=History.from_json(c.history.to_json()))
+    again.state = c.state
+    asyncio.run(again.step())
+    assert len(again.history.baseline_windows()) == before + 1
+    assert len(fleet.starts) == len(starts) + 1 or again.state.phase is Phase.MONITORING
