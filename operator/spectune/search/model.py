@@ -42,7 +42,7 @@ from spectune.search.objective import WindowStats, same_load, saturated
 from spectune.search.policy import SearchSpace
 from spectune.search.schedule import epoch_batch
 
-__all__ = ["MAX_WINDOWS_PER_TRIAL", "ArmBelief", "Beliefs", "build_beliefs", "fair_windows"]
+__all__ = ["MAX_WINDOWS_PER_TRIAL", "ArmBelief", "Beliefs", "build_beliefs"]
 
 #: Floor of a measured arm's log-spread: two windows of the same arm on the same traffic
 #: differ by about this much even when the quantile intervals are tight.
@@ -64,35 +64,6 @@ NO_POSITION_STEP = 0.06
 
 #: At most this many windows for one trial (the policy extends a trial up to it).
 MAX_WINDOWS_PER_TRIAL = 3
-
-
-def fair_windows(t: TrialRecord) -> tuple[WindowRecord, ...]:
-    """The windows of a trial that compare canary and incumbent on equal terms.
-
-    A window in which the incumbent's pods were saturated (requests queued for many
-    steps) and ran a far larger batch than the canary's, which were not saturated, is
-    usually a backlog the incumbent carried in — from a rollout at high load — while the
-    canary started empty and is still filling up. Its latency ratio flatters the canary, so
-    such a window is left out while the trial can still be extended. (An incumbent that
-    queues at the canary's batch — its drafter's memory shrank the KV pool — is a fair
-    comparison.) When every window of a trial of :data:`MAX_WINDOWS_PER_TRIAL` is like
-    that, the incumbent is short of capacity where the canary is not, and they all count.
-    """
-    fair = tuple(
-        w
-        for w in t.windows
-        if not (
-            w.incumbent is not None
-            and w.canary is not None
-            and saturated(w.incumbent)
-            and not saturated(w.canary)
-            and w.incumbent.running > w.canary.running
-            and not same_load(w.incumbent.running, w.canary.running, SIMILAR_LOAD)
-        )
-    )
-    if not fair and len(t.windows) >= MAX_WINDOWS_PER_TRIAL:
-        return t.windows
-    return fair
 
 
 @dataclass(frozen=True)
@@ -268,7 +239,7 @@ def build_beliefs(
             # target missing, the metrics down — the arm is as untried as before.
             b.excluded[t.arm] = f"guardrail: {t.reason}"
         offset = offsets.get(t.incumbent)
-        for w in fair_windows(t):
+        for w in t.windows:
             if w.incumbent is not None:
                 if t.incumbent == incumbent.name:
                     inc_windows.append(w.incumbent)
@@ -567,7 +538,7 @@ def _incumbent_offsets(
     """
     edges: dict[tuple[str, str], _Measured] = defaultdict(_Measured)
     for t in trials:
-        for w in fair_windows(t):
+        for w in t.windows:
             if w.canary is not None and w.incumbent is not None and w.canary.requests > 0:
                 edges[(t.arm, t.incumbent)].add(w.canary, w.incumbent, sign)
     offsets: dict[str, tuple[float, float, float]] = {current: (0.0, 0.0, 0.0)}

@@ -54,7 +54,6 @@ from spectune.search.model import (
     ArmBelief,
     Beliefs,
     build_beliefs,
-    fair_windows,
 )
 from spectune.search.objective import Guardrails, WindowStats
 from spectune.search.policy import Decision, DecisionKind, Estimate, TuningContext
@@ -116,11 +115,6 @@ class SpectunePolicy:
             verdict = self._close(ctx, running)
             if verdict is None:
                 why = "too few canary requests so far"
-                if len(fair_windows(running)) < len(running.windows):
-                    why = (
-                        "the incumbent's pods are saturated and the canary's are not (a "
-                        "backlog the incumbent carried in), so the window is not a fair pair"
-                    )
                 return Decision(
                     DecisionKind.TRIAL,
                     parse_arm(running.arm),
@@ -143,8 +137,7 @@ class SpectunePolicy:
             why = guardrail_breach(last.canary, last.incumbent, ctx.objective.guardrails)
             if why is not None:
                 return Outcome.ABORTED, why
-        # Windows that did not compare on equal terms (fair_windows) do not count.
-        requests = sum(w.canary.requests for w in fair_windows(t) if w.canary is not None)
+        requests = sum(w.canary.requests for w in t.windows if w.canary is not None)
         if requests < ctx.min_requests and len(t.windows) < MAX_WINDOWS_PER_TRIAL:
             return None
         return Outcome.MEASURED, f"{len(t.windows)} window(s), {requests:.0f} canary requests"
