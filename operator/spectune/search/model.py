@@ -42,7 +42,7 @@ from spectune.search.objective import WindowStats, same_load, saturated
 from spectune.search.policy import SearchSpace
 from spectune.search.schedule import epoch_batch
 
-__all__ = ["MAX_WINDOWS_PER_TRIAL", "ArmBelief", "Beliefs", "build_beliefs"]
+__all__ = ["ArmBelief", "Beliefs", "build_beliefs"]
 
 #: Floor of a measured arm's log-spread: two windows of the same arm on the same traffic
 #: differ by about this much even when the quantile intervals are tight.
@@ -60,10 +60,6 @@ EXTRAPOLATION_STEP = 0.03
 ANCHOR_STEP = 0.01
 #: ...and per k away from a measured k when the engine gives no per-position data.
 NO_POSITION_STEP = 0.06
-
-
-#: At most this many windows for one trial (the policy extends a trial up to it).
-MAX_WINDOWS_PER_TRIAL = 3
 
 
 @dataclass(frozen=True)

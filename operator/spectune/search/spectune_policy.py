@@ -49,12 +49,7 @@ import numpy as np
 
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord
-from spectune.search.model import (
-    MAX_WINDOWS_PER_TRIAL,
-    ArmBelief,
-    Beliefs,
-    build_beliefs,
-)
+from spectune.search.model import ArmBelief, Beliefs, build_beliefs
 from spectune.search.objective import Guardrails, WindowStats
 from spectune.search.policy import Decision, DecisionKind, Estimate, TuningContext
 from spectune.search.schedule import epoch_batch, learned_schedule
@@ -63,6 +58,8 @@ __all__ = ["SpectunePolicy", "guardrail_breach"]
 
 #: An arm already tried this often in an epoch is not restarted again as a challenger.
 MAX_TRIALS_PER_ARM = 2
+#: At most this many windows for one trial (the policy extends a trial up to it).
+MAX_WINDOWS_PER_TRIAL = 3
 #: Prior of a drafter never measured, relative to ``off``: published serving results range
 #: from 3.2× lower latency than no speculation (SmartSpec; prompt lookup and EAGLE report
 #: 2–3× as well) to 1.4× higher (vLLM's blog, a draft model at high QPS), a log range from
@@ -114,11 +111,10 @@ class SpectunePolicy:
         if running is not None and running.windows:
             verdict = self._close(ctx, running)
             if verdict is None:
-                why = "too few canary requests so far"
                 return Decision(
                     DecisionKind.TRIAL,
                     parse_arm(running.arm),
-                    f"{running.arm}: {why}; measuring another window",
+                    f"{running.arm}: too few canary requests so far; measuring another window",
                 )
             end, why = verdict
             if end is Outcome.ABORTED:
