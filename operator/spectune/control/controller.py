@@ -289,10 +289,49 @@ class Controller:
             return False
         last = trials[-1]
         since = max((w.end_s for w in last.windows), default=last.started_s)
-        return not any(
+        if any(
             w.incumbent_arm == dep.incumbent.name and w.start_s >= since
             for w in self.history.baseline_windows()
-        )
+        ):
+            return False
+        return not self._foreseen(dep.incumbent.name)
+
+    def _foreseen(self, arm: str) -> bool:
+        """Whether the load the promoted ``arm`` carries alone is one already seen to be safe.
+
+        Its canary windows give its batch at the trial's load per pod; Little's law scales
+        that to the target's (the service's finished requests over the target's pods). The
+        window alone can be spared when that batch is no larger than one the epoch's last
+        window alone carried unsaturated (or the same load, :func:`same_load`), the arm
+        never saturated on the canary, and its KV pool holds at least as many blocks per
+        running request as that window's arm had: nothing the window would show is unseen.
+        """
+        alone = [w.incumbent for w in self.history.baseline_windows() if w.incumbent]
+        base = alone[-1] if alone else None
+        if base is None or saturated(base) or not base.num_gpu_blocks:
+            return False
+        if math.isnan(base.running):
+            return False
+        windows = [
+            w for t in self.history.in_epoch() if t.arm == arm for w in t.windows if w.canary
+        ]
+        if not windows:
+            return False
+        for w in windows:
+            can, inc = w.canary, w.incumbent
+            if can is None or inc is None or saturated(can) or not can.num_gpu_blocks:
+                return False
+            if not can.requests > 0 or not can.pods or math.isnan(can.running):
+                return False
+            scale = 1.0
+            if self.config.shared_traffic and inc.pods:
+                scale = ((can.requests + inc.requests) / inc.pods) / (can.requests / can.pods)
+            batch = can.running * scale
+            if batch > base.running and not same_load(base.running, batch, self.config.load_shift):
+                return False
+            if can.num_gpu_blocks * max(base.running, 1.0) < base.num_gpu_blocks * batch:
+                return False
+        return True
 
     def _stale(self) -> bool:
         """Whether the epoch's last window ended more than a window ago (False if none)."""

@@ -81,6 +81,10 @@ class FakeFleet:
     """Typical request latency: with the request rate, the batch by Little's law."""
     cut_to: str | None = None
     """A model version that arrives during the next window (which is then cut)."""
+    blocks: dict[str, int] = field(default_factory=dict)
+    """KV pool per drafter ("off" without one), as vLLM's cache_config_info reports it."""
+    target_pods: int = 1
+    """Pods of the incumbent group."""
 
     async def deployment(self) -> Deployment:
         failure = None
@@ -109,6 +113,7 @@ class FakeFleet:
             spec = SpecCounts(s.drafts, s.drafts * arm.k, sum(per_pos), per_pos)
         return Observation(
             dialect=Dialect.VLLM_V1, window_s=window, pods=("p",), spec=spec,
+            num_gpu_blocks=self.blocks.get(arm.drafter or "off"),
             running=4.0 * self.load, tpot=fake_hist(s.tpot_mean, 400 * self.load * share),
             ttft=fake_hist(0.2), queue=fake_hist(self.queue_s, bounds=QUEUE_BOUNDS),
             e2e=fake_hist(self.e2e_s, 400 * self.load * share),
@@ -128,10 +133,14 @@ class FakeFleet:
             can_share = 1.0 if self.in_place else 1 / 3
             inc_share = 1.0 if self.in_place else 2 / 3
             return {
-                Group.INCUMBENT: self._obs(self.incumbent, window_s, inc_share),
+                Group.INCUMBENT: self._target(window_s, inc_share),
                 Group.CANARY: self._obs(self.canary, window_s, can_share),
             }
-        return {Group.INCUMBENT: self._obs(self.incumbent, window_s)}
+        return {Group.INCUMBENT: self._target(window_s, 1.0)}
+
+    def _target(self, window_s: float, share: float) -> Observation:
+        obs = self._obs(self.incumbent, window_s, share)
+        return replace(obs, pods=tuple(f"p{i}" for i in range(self.target_pods)))
 
 
 SPACE = SearchSpace((DrafterSpec("eagle3", "eagle3", 8), DrafterSpec("ngram", "ngram", 8)))
@@ -408,3 +417,38 @@ def test_an_arm_promoted_mid_search_runs_alone_for_a_window_before_the_next_tria
     asyncio.run(again.step())
     assert len(again.history.baseline_windows()) == before + 1
     assert len(fleet.starts) == len(starts) + 1 or again.state.phase is Phase.MONITORING
+
+
+def promoted_then_next_step(drafter_blocks: int) -> tuple[FakeFleet, Controller, int]:
+    """A search from `off` on three target pods to its first mid-search promotion, one step on.
+
+    The canary took a third of the traffic on one pod: the target's per-pod load. Returns
+    the fleet, the controller and the number of trials started before that step.
+    """
+    clock = FakeClock()
+    blocks = {"off": 1000, "eagle3": drafter_blocks, "ngram": drafter_blocks}
+    fleet = FakeFleet(WORLD, clock, parse_arm("off"), blocks=blocks, target_pods=3)
+    c, _ = make(fleet, clock)
+    run_until(c, lambda: bool(fleet.promotions))
+    assert c.state.phase is Phase.EXPLORING
+    starts = len(fleet.starts)
+    asyncio.run(c.step())
+    return fleet, c, starts
+
+
+def test_a_promoted_arm_whose_load_the_trials_already_showed_goes_straight_to_the_next_trial() -> (
+    None
+):
+    # Its canary windows carried the target's per-pod load, unsaturated, in a KV pool as
+    # large as the one `off` ran alone in: a window alone would show nothing new.
+    fleet, c, starts = promoted_then_next_step(drafter_blocks=1000)
+    assert len(fleet.starts) == starts + 1  # the next trial, no window alone first
+    promoted = fleet.promotions[0]
+    assert not [w for w in c.history.baseline_windows() if w.incumbent_arm == promoted]
+
+
+def test_a_promoted_arm_with_a_smaller_kv_pool_runs_alone_before_the_next_trial() -> None:
+    # A drafter's weights shrink the pool: the same load may not fit where `off`'s did.
+    fleet, c, starts = promoted_then_next_step(drafter_blocks=400)
+    assert len(fleet.starts) == starts
+    assert c.history.baseline_windows()[-1].incumbent_arm == fleet.promotions[0]
