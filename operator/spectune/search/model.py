@@ -19,9 +19,15 @@ throughput) is that times the drafter's measured ratio of objective to mean late
 carries tail and queueing effects (a drafter that shrinks the KV pool) from the measured
 arms of the drafter to its other ``k``.
 
+A measured arm's ratio comes from its windows at the current load (:data:`SIMILAR_LOAD`
+of the epoch's latest window): an epoch spans loads within the controller's load-move
+factor, and draft costs move with the batch inside it.
+
 Uncertainty is carried in log space. A measured arm's spread comes from the order-statistic
 intervals of its p95s, window by window; an untried arm's from the model's own error on the
-measured arms plus a penalty for extrapolating in ``k`` (larger without per-position data).
+measured arms plus a penalty for extrapolating in ``k`` (larger without per-position data). A
+prediction read from a measured arm of its drafter names it as its anchor, so that the
+policy draws the two together (``spectune_policy.posterior_draws``).
 Everything is rebuilt from the history on every call.
 """
 
@@ -73,6 +79,11 @@ class ArmBelief:
     windows: int
     tpot_ratio: float
     expected_tokens: float
+    anchor: str | None = None
+    """For a prediction: the measured arm of the same drafter it was read from. Both share
+    that arm's measurement error, so the policy samples this arm as the anchor's draw plus
+    the model's step between them (:attr:`relative_spread`), not independently."""
+    relative_spread: float = math.nan
 
 
 @dataclass
@@ -227,6 +238,21 @@ def build_beliefs(
     # incumbents. Each promoted arm was measured against the one before, so every
     # incumbent's offset to the current one follows by chaining those ratios.
     offsets = _incumbent_offsets(epoch_trials, incumbent.name, sign)
+    # An arm's objective ratio is read from its windows at the load of the epoch's latest
+    # paired window. Draft costs grow with the batch, so under a ramp that stays inside the
+    # load-move factor an arm's gain moves window by window (load-ramp: draft1b/1 against
+    # draft1b/4 at 7.6, 13.6, 21.1 requests per pod: 0.99×, 0.93×, 0.74×): pooled, its
+    # early windows hold back the promotion that the current load already warrants. An
+    # arm with no window at the current load is unmeasured again (predicted; re-tried).
+    paired = sorted(
+        (w for t in epoch_trials for w in t.windows if w.incumbent is not None and w.canary),
+        key=lambda w: w.start_s,
+    )
+    now_b = paired[-1].incumbent.running if paired and paired[-1].incumbent else math.nan
+
+    def at_current_load(w: WindowRecord) -> bool:
+        return w.incumbent is None or same_load(w.incumbent.running, now_b, SIMILAR_LOAD)
+
     for t in epoch_trials:
         if t.outcome is Outcome.INFEASIBLE:
             b.excluded[t.arm] = f"could not start: {t.reason}"
@@ -242,8 +268,9 @@ def build_beliefs(
                 note_acceptance(t.incumbent, w.incumbent)
             if w.canary is not None:
                 note_acceptance(t.arm, w.canary)
-                if w.incumbent is not None and w.canary.requests > 0 and offset is not None:
-                    measured[t.arm].add(w.canary, w.incumbent, sign, offset)
+                paired_inc = w.incumbent if w.canary.requests > 0 else None
+                if paired_inc is not None and offset is not None and at_current_load(w):
+                    measured[t.arm].add(w.canary, paired_inc, sign, offset)
 
     # Acceptance is a property of the drafter on this traffic, not of the load: epochs
     # re-opened only because the load moved lend theirs (History.acceptance_epochs).
@@ -470,6 +497,7 @@ def build_beliefs(
             # there (tails it cannot see, queueing) carries over to the neighbours. Each
             # anchor gives one estimate; they are pooled by inverse variance.
             estimates: list[tuple[float, float]] = []
+            nearest: tuple[float, str, float] | None = None  # (spread, anchor, its step)
             for a_arm, a_loss, a_spread in anchors[arm.drafter or ""]:
                 a_model, _, _, _ = predict(a_arm)
                 if math.isnan(a_model):
@@ -477,11 +505,17 @@ def build_beliefs(
                 step = ANCHOR_STEP + (NO_POSITION_STEP if not space.per_position else 0.0)
                 sp = a_spread + step * abs(arm.k - a_arm.k)
                 estimates.append((loss + a_loss - a_model, sp))
-            if estimates:
+                if nearest is None or sp < nearest[0]:
+                    nearest = (sp, a_arm.name, step * abs(arm.k - a_arm.k))
+            if estimates and nearest is not None:
                 weights = np.array([1 / (sp * sp) for _, sp in estimates])
                 values = np.array([x for x, _ in estimates])
                 loss = float(np.sum(weights * values) / np.sum(weights))
                 spread = float(1 / math.sqrt(float(np.sum(weights))))
+                b.arms[arm.name] = ArmBelief(
+                    arm, loss, spread, False, 0, tau, e, nearest[1], nearest[2]
+                )
+                continue
         if not math.isnan(loss):
             b.arms[arm.name] = ArmBelief(arm, loss, spread, False, 0, tau, e)
     if not space.per_position:

@@ -12,7 +12,8 @@ measured so far. Then:
    down.
 2. **Leader.** The arm with the best posterior mean. An unmeasured leader is tried (we never
    promote on a prediction alone).
-3. **Stop.** With posterior samples, the probability that the leader is within ε of the
+3. **Stop.** With posterior samples (:func:`posterior_draws`: a prediction read from a
+   measured arm is drawn together with it), the probability that the leader is within ε of the
    best arm; at :math:`\ge 1-\delta` the leader is promoted (a measured leader never loses
    to the incumbent in expectation, since the incumbent is the reference at 0).
 4. **Challenger.** Otherwise, among the arms that beat the leader by more than ε with
@@ -54,7 +55,7 @@ from spectune.search.objective import Guardrails, WindowStats
 from spectune.search.policy import Decision, DecisionKind, Estimate, TuningContext
 from spectune.search.schedule import epoch_batch, learned_schedule
 
-__all__ = ["SpectunePolicy", "guardrail_breach"]
+__all__ = ["SpectunePolicy", "guardrail_breach", "posterior_draws"]
 
 #: An arm already tried this often in an epoch is not restarted again as a challenger.
 MAX_TRIALS_PER_ARM = 2
@@ -238,10 +239,8 @@ class SpectunePolicy:
 
         # 3. Stop when the leader is ε-best with probability 1 − δ.
         names = list(beliefs.arms)
-        means = np.array([beliefs.arms[n].loss for n in names])
-        spreads = np.array([beliefs.arms[n].spread for n in names])
         rng = np.random.default_rng([ctx.seed, history.epoch, trials, _windows(history)])
-        draws = rng.normal(means, spreads, size=(SAMPLES, len(names)))
+        draws = posterior_draws(beliefs, names, rng)
         li = names.index(leader.name)
         tol = math.log(1 + ctx.epsilon)
         p_ok = float(np.mean(draws[:, li] <= draws.min(axis=1) + tol))
@@ -378,6 +377,28 @@ def _with_schedule(ctx: TuningContext, history: History, leader: Arm) -> Arm:
         return leader
     table = learned_schedule(history, leader, epoch_batch(history, history.epoch), LOAD_FACTOR)
     return table if table is not None else leader
+
+
+def posterior_draws(beliefs: Beliefs, names: list[str], rng: np.random.Generator) -> np.ndarray:
+    """:data:`SAMPLES` joint draws of the arms' log objective ratios, one column per name.
+
+    Measured arms and priors are independent normals. A prediction read from a measured
+    arm of its drafter (:attr:`ArmBelief.anchor`) is that arm's draw plus the model's step
+    between them: both carry the anchor's measurement error, so a noisy window moves them
+    together, and only the model's step separates them — "k = 3 beats the measured k = 8"
+    is as sure as the model, however few requests k = 8 was measured on.
+    """
+    means = np.array([beliefs.arms[n].loss for n in names])
+    spreads = np.array([beliefs.arms[n].spread for n in names])
+    draws = rng.normal(means, spreads, size=(SAMPLES, len(names)))
+    for i, n in enumerate(names):
+        anchor = beliefs.arms[n].anchor
+        if anchor is None or anchor == n or anchor not in names:
+            continue
+        j = names.index(anchor)
+        step = rng.normal(0.0, max(beliefs.arms[n].relative_spread, 1e-9), size=SAMPLES)
+        draws[:, i] = draws[:, j] + (means[i] - means[j]) + step
+    return draws
 
 
 def _leader(b: Beliefs, measured_only: bool) -> Arm | None:

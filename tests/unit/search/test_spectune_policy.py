@@ -14,13 +14,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pytest
 
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
+from spectune.search.model import ArmBelief, Beliefs
 from spectune.search.objective import Objective, WindowStats, saturated
 from spectune.search.policy import Decision, DecisionKind, DrafterSpec, SearchSpace, TuningContext
-from spectune.search.spectune_policy import SpectunePolicy
+from spectune.search.spectune_policy import SpectunePolicy, posterior_draws
 
 
 @dataclass
@@ -368,3 +370,56 @@ def test_a_drafter_never_measured_is_priced_below_off_by_the_published_range() -
     assert not prior.measured
     assert prior.value == pytest.approx(0.66 * d.estimates[OFF.name].value, rel=0.01)
     assert prior.low < 0.33 and prior.high > 1.35  # about the whole published range
+
+
+def test_an_arm_is_judged_at_the_current_load_not_at_an_earlier_one() -> None:
+    # A ramp inside the load-move factor: eagle3/2 on the canary ties the incumbent at 5
+    # running requests per pod, then leads it by 10 % at 14. Draft costs grow with the
+    # batch, so the window at today's load is the evidence; pooled with the earlier one
+    # the lead would read 4 % and the promotion the current load warrants would wait.
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    inc, arm = parse_arm("eagle3/5"), parse_arm("eagle3/2")
+
+    def window(start: float, running: float, ratio: float) -> WindowRecord:
+        i = replace(world.stats(inc), running=running)
+        value = i.objective * ratio
+        c = replace(
+            world.stats(arm), running=running, objective=value,
+            objective_low=value * 0.98, objective_high=value * 1.02,
+        )  # fmt: skip
+        return WindowRecord(start, start + 300, i, c, inc.name)
+
+    history = History(baseline=((0, WindowRecord(0, 300, world.stats(inc), None, inc.name)),))
+    off_trial = TrialRecord(OFF.name, inc.name, 0, 300.0).with_window(
+        WindowRecord(480, 780, world.stats(inc), world.stats(OFF), inc.name)
+    )
+    history = history.add_trial(off_trial.ended(Outcome.MEASURED, "next"))
+    trial = TrialRecord(arm.name, inc.name, 0, 780.0)
+    trial = trial.with_window(window(960, 5.0, 1.03)).with_window(window(1260, 14.0, 0.90))
+    ctx = TuningContext(SPACE, Objective(), inc, 1560.0, max_trials=12, seed=1)
+    d = SpectunePolicy().decide(ctx, history.add_trial(trial))
+    assert d.estimates[arm.name].measured
+    assert d.estimates[arm.name].value == pytest.approx(0.90, rel=0.01)
+    assert d.kind is DecisionKind.PROMOTE and d.arm == arm, d.reason
+
+
+def test_a_prediction_moves_with_the_measured_arm_it_was_read_from() -> None:
+    # eagle3/8 was measured on a noisy window (±40 %); the model puts eagle3/3 18 % ahead
+    # of it, give or take 2 %. The noise is eagle3/8's and moves both, so eagle3/3 beats
+    # eagle3/8 almost surely — while an arm with the same figures but no anchor would not.
+    e8, e3, n8 = parse_arm("eagle3/8"), parse_arm("eagle3/3"), parse_arm("ngram/8")
+    beliefs = Beliefs(
+        arms={
+            e8.name: ArmBelief(e8, 0.0, 0.2, True, 1, 1.0, 3.0),
+            e3.name: ArmBelief(e3, -0.2, 0.2, False, 0, 0.8, 2.5, e8.name, 0.02),
+            n8.name: ArmBelief(n8, -0.2, 0.2, False, 0, 0.8, 2.5),
+        }
+    )
+    names = [e8.name, e3.name, n8.name]
+    draws = posterior_draws(beliefs, names, np.random.default_rng(7))
+    tied, free = draws[:, 1] - draws[:, 0], draws[:, 2] - draws[:, 0]
+    assert np.std(tied) == pytest.approx(0.02, rel=0.1)
+    assert np.std(free) == pytest.approx(0.2 * math.sqrt(2), rel=0.1)
+    assert np.mean(draws[:, 1]) == pytest.approx(-0.2, abs=0.02)  # its own belief holds
+    tol = math.log(1.02)
+    assert np.mean(tied < -tol) > 0.99 and np.mean(free < -tol) < 0.85
