@@ -103,6 +103,10 @@ class WindowStats:
     draft_tokens: float = math.nan
     """Draft tokens proposed over the window (NaN where the dialect exports none): with
     accepted tokens, the engine's own acceptance rate, whatever k each pod ran."""
+    ttft_p90_low: float = math.nan
+    """Lower 95 % bound of the TTFT p90 (read between the buckets, as Prometheus does)."""
+    queue_p90_low: float = math.nan
+    """Lower 95 % bound of the queue-time p90."""
 
 
 #: Batches closer than this many requests cost the same per step (memory-bound), whatever
@@ -257,4 +261,6 @@ def window_stats(obs: Observation, objective: Objective) -> WindowStats:
         draft_tokens=(
             spec.draft_tokens if spec is not None and spec.draft_tokens is not None else math.nan
         ),
+        ttft_p90_low=quantile_interval(obs.ttft, 0.90)[1],
+        queue_p90_low=quantile_interval(obs.queue, 0.90)[1],
     )

@@ -22,7 +22,7 @@ from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.model import ArmBelief, Beliefs
 from spectune.search.objective import Objective, WindowStats, saturated
 from spectune.search.policy import Decision, DecisionKind, DrafterSpec, SearchSpace, TuningContext
-from spectune.search.spectune_policy import SpectunePolicy, posterior_draws
+from spectune.search.spectune_policy import SpectunePolicy, guardrail_breach, posterior_draws
 
 
 @dataclass
@@ -423,3 +423,40 @@ def test_a_prediction_moves_with_the_measured_arm_it_was_read_from() -> None:
     assert np.mean(draws[:, 1]) == pytest.approx(-0.2, abs=0.02)  # its own belief holds
     tol = math.log(1.02)
     assert np.mean(tied < -tol) > 0.99 and np.mean(free < -tol) < 0.85
+
+
+def test_a_catch_up_burst_in_a_canarys_first_window_is_not_a_guardrail_breach() -> None:
+    # off's canary became ready beside pods running 30 requests each: a least-outstanding
+    # balancer sent it about 30 requests at once, 5 % of its window, and they prefilled
+    # together. Its TTFT p95 is the burst's (1.0 s against the incumbent's 0.47 s); its p90
+    # is the incumbent's. The first window is not aborted; the same tail in a later window,
+    # with no burst to explain it, is.
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    inc_arm = parse_arm("eagle3/5")
+    inc = replace(
+        world.stats(inc_arm), running=30.0, requests=1300,
+        ttft_p95=0.466, ttft_p95_low=0.45, ttft_p95_high=0.48,
+    )  # fmt: skip
+    can = replace(
+        world.stats(OFF), requests=640, pods=1,
+        ttft_p95=1.0, ttft_p95_low=0.9, ttft_p95_high=1.1, ttft_p90_low=0.42,
+    )  # fmt: skip
+    g = Objective().guardrails
+    assert guardrail_breach(can, inc, g, first=True) is None
+    assert "TTFT p95 1.000s vs incumbent 0.466s" in (guardrail_breach(can, inc, g) or "")
+    # Slow at its p90 too: aborted on its first window, burst or not.
+    slow = replace(can, ttft_p90_low=0.8)
+    assert "TTFT p90 at least 0.800s" in (guardrail_breach(slow, inc, g, first=True) or "")
+    # A burst of 1 % of the canary's requests cannot be its 5 % tail: nothing is set aside.
+    assert guardrail_breach(can, replace(inc, running=6.0), g, first=True) is not None
+
+    # Through the policy: the first window goes on, the second is aborted.
+    history = History(baseline=((0, WindowRecord(0, 300, inc, None, inc_arm.name)),))
+    trial = TrialRecord(OFF.name, inc_arm.name, 0, 300.0)
+    ctx = TuningContext(SPACE, Objective(), inc_arm, 780.0, max_trials=12, seed=1)
+    one = trial.with_window(WindowRecord(480, 780, inc, can, inc_arm.name))
+    d = SpectunePolicy().decide(ctx, history.add_trial(one))
+    assert d.end_running is not Outcome.ABORTED, d.reason
+    two = one.with_window(WindowRecord(780, 1080, inc, can, inc_arm.name))
+    d = SpectunePolicy().decide(replace(ctx, now_s=1080.0), history.add_trial(two))
+    assert d.end_running is Outcome.ABORTED and "TTFT p95" in d.reason

@@ -1,0 +1,23 @@
+"""One group's window figures (``window_stats``) from real histograms and counters."""
+
+from __future__ import annotations
+
+import math
+
+from spectune.engines import Dialect
+from spectune.metrics import Histogram, Observation
+from spectune.search.objective import Objective, window_stats
+
+#: vLLM's TTFT buckets up to 2.5 s, seconds.
+TTFT_BOUNDS = (0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, math.inf)
+
+
+def test_a_burst_in_the_top_few_percent_moves_the_p95_and_not_the_p90() -> None:
+    # 640 first tokens: 95 % under half a second, the 32 of a catch-up burst at 1-2.5 s.
+    counts = (0, 0, 0, 0, 300, 608, 608, 608, 640, 640)
+    ttft = Histogram(TTFT_BOUNDS, tuple(float(c) for c in counts), 300 * 0.2 + 308 * 0.4 + 48, 640)
+    obs = Observation(Dialect.VLLM_V1, 300.0, ("canary-0",), None, ttft=ttft)
+    s = window_stats(obs, Objective())
+    assert s.ttft_p95_low > 0.5  # the burst is the p95
+    assert 0.25 < s.ttft_p90_low < 0.5  # the p90 is the pod's
+    assert math.isnan(s.queue_p90_low)  # no queue-time histogram in this window
