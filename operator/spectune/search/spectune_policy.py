@@ -22,11 +22,15 @@ measured so far. Then:
    still change the answer instead of on every arm (UCB1/ε-greedy have no model and must
    visit arms to learn them; BanditSpec, Hou et al. 2025, is UCB-style over a small set).
    An arm whose chance of beating the leader by ε is below δ is not worth a restart, so
-   when no challenger reaches δ the leader is promoted. The arm on the canary is extended
-   by another window (no restart) while it is in the race — unless it leads and a
-   challenger beats it with confidence — up to three windows; an arm is restarted at most
-   twice per epoch. A drafter never measured is priced with a wide prior below ``off``
-   (:data:`UNEXPLORED_GAIN`, from the published range of speedups).
+   when no challenger reaches δ the leader is promoted. A leader that beats the incumbent
+   by ε with confidence is promoted at once and the search goes on against it; when the
+   incumbent saturates alone and the leader is faster per token with a KV pool as large,
+   beating it at all suffices (the target's load widens the lead, :func:`_amplified`).
+   The arm on the canary is extended by another window (no restart) while it is in the
+   race — unless it leads and a challenger beats it with confidence — up to three windows;
+   an arm is restarted at most twice per epoch. A drafter never measured is priced with a
+   wide prior below ``off`` (:data:`UNEXPLORED_GAIN`, from the published range of
+   speedups).
 
 Guardrails close a trial within its first window when the canary's TTFT p95 or queue-time
 p95 is worse than the incumbent's beyond the tolerance with confidence (the canary's lower
@@ -53,7 +57,7 @@ import numpy as np
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord
 from spectune.search.model import ArmBelief, Beliefs, build_beliefs
-from spectune.search.objective import Guardrails, WindowStats
+from spectune.search.objective import Guardrails, WindowStats, saturated
 from spectune.search.policy import Decision, DecisionKind, Estimate, TuningContext
 from spectune.search.schedule import epoch_batch, learned_schedule
 
@@ -297,6 +301,8 @@ class SpectunePolicy:
         if leader.name != ctx.incumbent.name:
             ii = names.index(ctx.incumbent.name) if ctx.incumbent.name in names else -1
             better = float(np.mean(draws[:, li] < draws[:, ii] - tol)) if ii >= 0 else 0.0
+            if ii >= 0 and _amplified(history, ctx.incumbent.name, leader.name):
+                better = max(better, float(np.mean(draws[:, li] < draws[:, ii])))
             if better >= 1 - ctx.delta:
                 return Decision(
                     DecisionKind.PROMOTE,
@@ -471,3 +477,42 @@ def _describe(x: ArmBelief, minimise: bool, ctx: TuningContext) -> str:
         f"{x.arm.name} {how} at {ratio:.2f}× the incumbent's {ctx.objective.metric.value} "
         f"(±{100 * (math.exp(1.96 * x.spread) - 1):.0f} %)"
     )
+
+
+def _amplified(history: History, incumbent: str, leader: str) -> bool:
+    """Whether the incumbent's load will widen the leader's measured lead over it.
+
+    Canary pods are added beside the target's, so trials run below the load the target
+    carries alone. When the incumbent's last window alone was saturated (requests queued
+    for many steps, :func:`~spectune.search.objective.saturated`) and the leader, on the
+    canary, was not, serves each token faster than the incumbent beside it and has a KV
+    pool at least as large, then at the target's load the leader runs a smaller batch
+    and admits at least as many requests: it queues less, and the lead the trial showed
+    is the least it will have there (kv-pressure on two replicas: eagle3/3 measured at
+    0.91× a saturating draft7b/4's e2e p95 in trials is 0.67× at the target's load). The
+    ε margin, which asks a change to be worth its restart, is then met by that
+    amplification, and the leader is promoted once it beats the incumbent with confidence.
+    """
+    alone = [
+        w.incumbent
+        for w in history.baseline_windows()
+        if w.incumbent is not None and w.incumbent_arm == incumbent
+    ]
+    if not alone or not saturated(alone[-1]):
+        return False
+    logs: list[float] = []
+    for t in history.in_epoch():
+        if t.arm != leader or t.incumbent != incumbent:
+            continue
+        for w in t.windows:
+            can, inc = w.canary, w.incumbent
+            if can is None or inc is None:
+                continue
+            if saturated(can) or not can.num_gpu_blocks or not inc.num_gpu_blocks:
+                return False
+            if can.num_gpu_blocks < inc.num_gpu_blocks:
+                return False
+            if not (can.tpot_mean > 0 and inc.tpot_mean > 0):
+                return False
+            logs.append(math.log(can.tpot_mean / inc.tpot_mean))
+    return bool(logs) and sum(logs) / len(logs) < 0

@@ -460,3 +460,42 @@ def test_a_catch_up_burst_in_a_canarys_first_window_is_not_a_guardrail_breach() 
     two = one.with_window(WindowRecord(780, 1080, inc, can, inc_arm.name))
     d = SpectunePolicy().decide(replace(ctx, now_s=1080.0), history.add_trial(two))
     assert d.end_running is Outcome.ABORTED and "TTFT p95" in d.reason
+
+
+def _saturated_incumbent_history(leader_blocks: int) -> tuple[TuningContext, History, Arm]:
+    """eagle3/5 queues for seconds alone; on the canary eagle3/2 beats it by 3 %, faster per
+    token, in windows run below the target's load (neither side saturated there)."""
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    inc_arm, leader = parse_arm("eagle3/5"), parse_arm("eagle3/2")
+    alone = replace(world.stats(inc_arm), queue_p95=5.0, queue_p95_low=4.0, queue_p95_high=6.0)
+    history = History(baseline=((0, WindowRecord(0, 300, alone, None, inc_arm.name)),))
+    off_trial = TrialRecord(OFF.name, inc_arm.name, 0, 300.0).with_window(
+        WindowRecord(480, 780, world.stats(inc_arm), world.stats(OFF), inc_arm.name)
+    )
+    history = history.add_trial(off_trial.ended(Outcome.MEASURED, "next"))
+    inc = world.stats(inc_arm)
+    value = inc.objective * 0.97
+    can = replace(
+        world.stats(leader), objective=value, objective_low=value * 0.995,
+        objective_high=value * 1.005, tpot_mean=inc.tpot_mean * 0.95,
+        num_gpu_blocks=leader_blocks,
+    )  # fmt: skip
+    inc = replace(inc, objective_low=inc.objective * 0.995, objective_high=inc.objective * 1.005)
+    trial = TrialRecord(leader.name, inc_arm.name, 0, 780.0)
+    for start in (960, 1260, 1560):
+        trial = trial.with_window(WindowRecord(start, start + 300, inc, can, inc_arm.name))
+    ctx = TuningContext(SPACE, Objective(), inc_arm, 1860.0, max_trials=12, seed=1)
+    return ctx, history.add_trial(trial), leader
+
+
+def test_a_lead_over_an_incumbent_that_saturates_alone_is_promoted_without_the_margin() -> None:
+    # A 3 % lead is sure, one past ε = 2 % is not; but the incumbent queues at the target's
+    # load and eagle3/2, faster per token with a larger KV pool, will not: the lead widens.
+    ctx, history, leader = _saturated_incumbent_history(leader_blocks=1200)
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.kind is DecisionKind.PROMOTE and d.arm == leader and not d.final, d.reason
+    assert "beats the incumbent eagle3/5" in d.reason
+    # A leader whose KV pool is smaller may queue at that load too: no shortcut.
+    ctx, history, leader = _saturated_incumbent_history(leader_blocks=800)
+    d = SpectunePolicy().decide(ctx, history)
+    assert not (d.kind is DecisionKind.PROMOTE and d.arm == leader and not d.final), d.reason
