@@ -301,15 +301,21 @@ class SpectunePolicy:
         if leader.name != ctx.incumbent.name:
             ii = names.index(ctx.incumbent.name) if ctx.incumbent.name in names else -1
             better = float(np.mean(draws[:, li] < draws[:, ii] - tol)) if ii >= 0 else 0.0
-            if ii >= 0 and _amplified(history, ctx.incumbent.name, leader.name):
-                better = max(better, float(np.mean(draws[:, li] < draws[:, ii])))
+            margin = f" by {ctx.epsilon:.0%}"
+            unsure = better < 1 - ctx.delta and ii >= 0
+            if unsure and _amplified(history, ctx.incumbent.name, leader.name):
+                better = float(np.mean(draws[:, li] < draws[:, ii]))
+                margin = (
+                    " (no margin: the incumbent saturates alone, and the leader, faster "
+                    "per token with a KV pool as large, will widen its lead at that load)"
+                )
             if better >= 1 - ctx.delta:
                 return Decision(
                     DecisionKind.PROMOTE,
                     leader,
-                    f"{leader.name} beats the incumbent {ctx.incumbent.name} with probability "
-                    f"{better:.2f} ({_describe(lb, minimise, ctx)}); promoting it while "
-                    "the search goes on",
+                    f"{leader.name} beats the incumbent {ctx.incumbent.name}{margin} with "
+                    f"probability {better:.2f} ({_describe(lb, minimise, ctx)}); promoting "
+                    "it while the search goes on",
                     end,
                     _estimates(beliefs, minimise),
                     final=False,

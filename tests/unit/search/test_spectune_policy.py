@@ -494,7 +494,7 @@ def test_a_lead_over_an_incumbent_that_saturates_alone_is_promoted_without_the_m
     ctx, history, leader = _saturated_incumbent_history(leader_blocks=1200)
     d = SpectunePolicy().decide(ctx, history)
     assert d.kind is DecisionKind.PROMOTE and d.arm == leader and not d.final, d.reason
-    assert "beats the incumbent eagle3/5" in d.reason
+    assert "beats the incumbent eagle3/5 (no margin: the incumbent saturates alone" in d.reason
     # A leader whose KV pool is smaller may queue at that load too: no shortcut.
     ctx, history, leader = _saturated_incumbent_history(leader_blocks=800)
     d = SpectunePolicy().decide(ctx, history)
