@@ -250,9 +250,6 @@ def build_beliefs(
     )
     now_b = paired[-1].incumbent.running if paired and paired[-1].incumbent else math.nan
 
-    def at_current_load(w: WindowRecord) -> bool:
-        return w.incumbent is None or same_load(w.incumbent.running, now_b, SIMILAR_LOAD)
-
     for t in epoch_trials:
         if t.outcome is Outcome.INFEASIBLE:
             b.excluded[t.arm] = f"could not start: {t.reason}"
@@ -268,9 +265,10 @@ def build_beliefs(
                 note_acceptance(t.incumbent, w.incumbent)
             if w.canary is not None:
                 note_acceptance(t.arm, w.canary)
-                paired_inc = w.incumbent if w.canary.requests > 0 else None
-                if paired_inc is not None and offset is not None and at_current_load(w):
-                    measured[t.arm].add(w.canary, paired_inc, sign, offset)
+                inc_s = w.incumbent if w.canary.requests > 0 else None
+                at_load = inc_s is not None and same_load(inc_s.running, now_b, SIMILAR_LOAD)
+                if inc_s is not None and offset is not None and at_load:
+                    measured[t.arm].add(w.canary, inc_s, sign, offset)
 
     # Acceptance is a property of the drafter on this traffic, not of the load: epochs
     # re-opened only because the load moved lend theirs (History.acceptance_epochs).
@@ -507,7 +505,7 @@ def build_beliefs(
                 estimates.append((loss + a_loss - a_model, sp))
                 if nearest is None or sp < nearest[0]:
                     nearest = (sp, a_arm.name, step * abs(arm.k - a_arm.k))
-            if estimates and nearest is not None:
+            if nearest is not None:  # set with the first estimate
                 weights = np.array([1 / (sp * sp) for _, sp in estimates])
                 values = np.array([x for x, _ in estimates])
                 loss = float(np.sum(weights * values) / np.sum(weights))
