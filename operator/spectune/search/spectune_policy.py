@@ -26,7 +26,9 @@ measured so far. Then:
    by ε with confidence is promoted at once and the search goes on against it; when the
    incumbent saturates alone and the leader has a KV pool as large, being faster per token
    with that confidence suffices, unless the trials show it behind with confidence (the
-   target's load widens the lead, :func:`_amplified`).
+   target's load widens the lead, :func:`_amplified`); and while a load move that
+   re-opened the search goes on, beating it at all suffices for a leader that drafts less
+   than the incumbent as the load rises, or more as it falls (:func:`_load_favours`).
    The arm on the canary is extended by another window (no restart) while it is in the
    race — unless it leads and a challenger beats it with confidence — up to three windows;
    an arm is restarted at most twice per epoch. A drafter never measured is priced with a
@@ -58,7 +60,7 @@ import numpy as np
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord
 from spectune.search.model import MEASURED_FLOOR, ArmBelief, Beliefs, build_beliefs
-from spectune.search.objective import Guardrails, WindowStats, saturated
+from spectune.search.objective import SMALL_BATCH_CHANGE, Guardrails, WindowStats, saturated
 from spectune.search.policy import Decision, DecisionKind, Estimate, TuningContext
 from spectune.search.schedule import epoch_batch, learned_schedule
 
@@ -322,6 +324,18 @@ class SpectunePolicy:
                     f"a KV pool as large, is faster per token with probability {faster:.2f} "
                     f"and ahead in the trials with probability {ahead:.2f})"
                 )
+            moving = None
+            if unsure and faster is None:
+                moving = _load_favours(history, ctx.incumbent, leader)
+            if moving is not None:
+                # The load is still moving the way that widens this leader's lead (a
+                # shorter k gains as the batch grows, a longer one as it shrinks): the
+                # lead measured now is the least it will have once promoted.
+                better = float(np.mean(draws[:, li] < draws[:, ii]))
+                why = (
+                    f"{leader.name} beats the incumbent {ctx.incumbent.name} with probability "
+                    f"{better:.2f} (no margin: {moving})"
+                )
             if better >= 1 - ctx.delta:
                 return Decision(
                     DecisionKind.PROMOTE,
@@ -417,19 +431,71 @@ def _load_direction(history: History) -> int:
     Compares the running batch of the last window before the re-tune (the one that
     showed the move) with the first window of the epoch it ended.
     """
-    if history.epoch not in history.load_epochs:
+    moved = _load_move(history)
+    if moved is None:
         return 0
+    first, last = moved
+    if math.isnan(first) or math.isnan(last) or first == last:
+        return 0
+    return 1 if last > first else -1
+
+
+def _load_move(history: History) -> tuple[float, float] | None:
+    """The running batch per pod of the first and the last window of the epoch before this
+    one, when this one was opened because the load moved; else None."""
+    if history.epoch not in history.load_epochs:
+        return None
     before = history.epoch - 1
     windows = [w for w in history.baseline_windows(before) if w.incumbent is not None]
     windows += [w for t in history.in_epoch(before) for w in t.windows if w.incumbent]
     if len(windows) < 2:
-        return 0
+        return None
     windows.sort(key=lambda w: w.start_s)
     first, last = windows[0].incumbent, windows[-1].incumbent
     assert first is not None and last is not None
-    if math.isnan(first.running) or math.isnan(last.running) or first.running == last.running:
-        return 0
-    return 1 if last.running > first.running else -1
+    return first.running, last.running
+
+
+def _load_favours(history: History, incumbent: Arm, leader: Arm) -> str | None:
+    """Why the load, still moving as it was when the search re-opened, widens the leader's
+    lead over the incumbent; None when it does not.
+
+    Verification runs over ``b(k+1)`` tokens and drafting costs grow with the batch while
+    acceptance does not (DESIGN.md §1), so as the batch grows an arm that drafts less —
+    a shorter ``k`` of the incumbent's drafter, or ``off`` — gains on one that drafts
+    more, and as it shrinks the one that drafts more gains. In an epoch opened by a load
+    move (:func:`_load_direction`) whose latest paired window carries a batch beyond the
+    one that showed the move, by at least
+    :data:`~spectune.search.objective.SMALL_BATCH_CHANGE` in the same direction, the move
+    is going on: the leader's lead will be larger by the time it is rolled out, and
+    under a ramp the lead the trials measure lags the load (load-ramp: draft1b/1 against
+    draft1b/4 at 0.96× with 8 requests per pod, 0.2× at the ramp's top). Other drafters
+    are not compared this way: their costs grow with the batch at their own rates.
+    """
+    moved = _load_move(history)
+    direction = _load_direction(history)
+    if moved is None or direction == 0:
+        return None
+    if leader.schedule is not None or incumbent.schedule is not None:
+        return None
+    same = leader.drafter is not None and leader.drafter == incumbent.drafter
+    less = (leader.is_off and not incumbent.is_off) or (same and leader.k < incumbent.k)
+    more = (incumbent.is_off and not leader.is_off) or (same and leader.k > incumbent.k)
+    if not (less if direction > 0 else more):
+        return None
+    paired = [w for t in history.in_epoch() for w in t.windows if w.incumbent and w.canary]
+    if not paired:
+        return None
+    now_s = max(paired, key=lambda w: w.start_s).incumbent
+    assert now_s is not None
+    then, now = moved[1], now_s.running
+    if not direction * (now - then) >= SMALL_BATCH_CHANGE:
+        return None
+    return (
+        f"the load is still {'rising' if direction > 0 else 'falling'}, running batch "
+        f"{then:.1f} → {now:.1f} per pod since the search re-opened, and "
+        f"{leader.name}, drafting {'less' if direction > 0 else 'more'}, gains as it does"
+    )
 
 
 def _with_schedule(ctx: TuningContext, history: History, leader: Arm) -> Arm:

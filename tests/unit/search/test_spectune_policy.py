@@ -186,14 +186,17 @@ def test_without_per_position_data_it_tries_neighbouring_k() -> None:
     assert trials >= trials_with
 
 
-def _load_epoch_history(world: FakeWorld, inc: Arm) -> History:
-    """Epoch 0 at batch 4 whose last window ran at batch 60; epoch 1 opened by that move."""
+def _load_epoch_history(
+    world: FakeWorld, inc: Arm, first: float = 4.0, last: float = 60.0
+) -> History:
+    """Epoch 0 at batch ``first`` whose last window ran at batch ``last``; epoch 1 opened by
+    that move."""
 
     def window(start: float, running: float) -> WindowRecord:
         return WindowRecord(start, start + 300, replace(world.stats(inc), running=running),
                             None, inc.name)  # fmt: skip
 
-    history = History(baseline=((0, window(0, 4.0)), (0, window(300, 60.0))))
+    history = History(baseline=((0, window(0, first)), (0, window(300, last))))
     return history.new_epoch(load_moved=True)
 
 
@@ -533,3 +536,54 @@ def test_a_noisy_lead_over_an_incumbent_that_saturates_alone_is_read_per_token()
     ctx, history, leader = _saturated_incumbent_history(800, 0.90, 0.15, windows=1)
     d = SpectunePolicy().decide(ctx, history)
     assert not (d.kind is DecisionKind.PROMOTE and d.arm == leader), d.reason
+
+
+def _lead_under_a_load_move(
+    running: float, leader_name: str = "eagle3/1", fell: bool = False
+) -> Decision:
+    """Epoch 1 was opened when the batch rose from 4 to 60 per pod (or, ``fell``, dropped
+    from 60 to 20); one window of the leader on the canary at 0.97× eagle3/5's p95 (each
+    p95 known within ±2 %), with the incumbent's batch at ``running`` per pod."""
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    inc = parse_arm("eagle3/5")
+    leader = parse_arm(leader_name)
+    history = _load_epoch_history(world, inc, *((60.0, 20.0) if fell else (4.0, 60.0)))
+    base = replace(world.stats(inc), running=running)
+    start = 780.0
+    if leader.drafter != inc.drafter:
+        # The second length first (it gives the plain step), level with the incumbent.
+        level = replace(world.stats(parse_arm("eagle3/1")), running=running,
+                        objective=base.objective, objective_low=base.objective_low,
+                        objective_high=base.objective_high)  # fmt: skip
+        first = TrialRecord("eagle3/1", inc.name, 1, 600.0).with_window(
+            WindowRecord(start, start + 300, base, level, inc.name)
+        )
+        history = history.add_trial(first.ended(Outcome.MEASURED, "next arm chosen"))
+        start += 480
+    can = replace(world.stats(leader), running=running, objective=base.objective * 0.97)
+    can = replace(can, objective_low=can.objective * 0.98, objective_high=can.objective * 1.02)
+    trial = TrialRecord(leader.name, inc.name, 1, start - 180).with_window(
+        WindowRecord(start, start + 300, base, can, inc.name)
+    )
+    ctx = TuningContext(SPACE, Objective(), inc, start + 300, max_trials=12, seed=1)
+    return SpectunePolicy().decide(ctx, history.add_trial(trial))
+
+
+def test_a_k_the_moving_load_favours_is_promoted_without_the_margin_while_it_moves() -> None:
+    # A 3 % lead is sure, one past ε = 2 % is not. But the batch is still growing (60 per
+    # pod when the search re-opened, 70 now), and a shorter k gains as it grows: the lead
+    # will be larger by the time eagle3/1 is rolled out.
+    d = _lead_under_a_load_move(running=70.0)
+    assert d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("eagle3/1"), d.reason
+    assert not d.final
+    assert "no margin: the load is still rising, running batch 60.0 → 70.0 per pod" in d.reason
+    # The load settled where the move left it: the margin stands.
+    d = _lead_under_a_load_move(running=61.0)
+    assert not (d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("eagle3/1")), d.reason
+    # Another drafter's costs grow with the batch at their own rate: the margin stands.
+    d = _lead_under_a_load_move(running=70.0, leader_name="ngram/1")
+    assert not (d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("ngram/1")), d.reason
+    # After a fall, a longer k gains as the batch keeps shrinking (20 → 10 per pod).
+    d = _lead_under_a_load_move(running=10.0, leader_name="eagle3/7", fell=True)
+    assert d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("eagle3/7"), d.reason
+    assert "the load is still falling, running batch 20.0 → 10.0 per pod" in d.reason
