@@ -58,7 +58,7 @@ import math
 import numpy as np
 
 from spectune.search.arms import OFF, Arm, parse_arm
-from spectune.search.history import History, Outcome, TrialRecord
+from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.model import MEASURED_FLOOR, ArmBelief, Beliefs, build_beliefs
 from spectune.search.objective import SMALL_BATCH_CHANGE, Guardrails, WindowStats, saturated
 from spectune.search.policy import Decision, DecisionKind, Estimate, TuningContext
@@ -434,15 +434,17 @@ def _load_direction(history: History) -> int:
     moved = _load_move(history)
     if moved is None:
         return 0
-    first, last = moved
+    a, b = moved[0].incumbent, moved[1].incumbent
+    assert a is not None and b is not None
+    first, last = a.running, b.running
     if math.isnan(first) or math.isnan(last) or first == last:
         return 0
     return 1 if last > first else -1
 
 
-def _load_move(history: History) -> tuple[float, float] | None:
-    """The running batch per pod of the first and the last window of the epoch before this
-    one, when this one was opened because the load moved; else None."""
+def _load_move(history: History) -> tuple[WindowRecord, WindowRecord] | None:
+    """The first and the last window of the epoch before this one, when this one was
+    opened because the load moved; else None."""
     if history.epoch not in history.load_epochs:
         return None
     before = history.epoch - 1
@@ -451,9 +453,17 @@ def _load_move(history: History) -> tuple[float, float] | None:
     if len(windows) < 2:
         return None
     windows.sort(key=lambda w: w.start_s)
-    first, last = windows[0].incumbent, windows[-1].incumbent
-    assert first is not None and last is not None
-    return first.running, last.running
+    return windows[0], windows[-1]
+
+
+def _service_batch(w: WindowRecord) -> float:
+    """Requests running on the whole service per target pod: a window beside a canary and
+    one without it compare (the canary's share would lower the target's own batch)."""
+    inc, can = w.incumbent, w.canary
+    if inc is None or not inc.pods:
+        return math.nan
+    total = inc.running * inc.pods + (can.running * can.pods if can is not None else 0.0)
+    return total / inc.pods
 
 
 def _load_favours(history: History, incumbent: Arm, leader: Arm) -> str | None:
@@ -464,8 +474,8 @@ def _load_favours(history: History, incumbent: Arm, leader: Arm) -> str | None:
     acceptance does not (DESIGN.md §1), so as the batch grows an arm that drafts less —
     a shorter ``k`` of the incumbent's drafter, or ``off`` — gains on one that drafts
     more, and as it shrinks the one that drafts more gains. In an epoch opened by a load
-    move (:func:`_load_direction`) whose latest paired window carries a batch beyond the
-    one that showed the move, by at least
+    move (:func:`_load_direction`) whose latest paired window carries a batch
+    (:func:`_service_batch`) beyond the one that showed the move, by at least
     :data:`~spectune.search.objective.SMALL_BATCH_CHANGE` in the same direction, the move
     is going on: the leader's lead will be larger by the time it is rolled out, and
     under a ramp the lead the trials measure lags the load (load-ramp: draft1b/1 against
@@ -486,14 +496,13 @@ def _load_favours(history: History, incumbent: Arm, leader: Arm) -> str | None:
     paired = [w for t in history.in_epoch() for w in t.windows if w.incumbent and w.canary]
     if not paired:
         return None
-    now_s = max(paired, key=lambda w: w.start_s).incumbent
-    assert now_s is not None
-    then, now = moved[1], now_s.running
+    then = _service_batch(moved[1])
+    now = _service_batch(max(paired, key=lambda w: w.start_s))
     if not direction * (now - then) >= SMALL_BATCH_CHANGE:
         return None
     return (
-        f"the load is still {'rising' if direction > 0 else 'falling'}, running batch "
-        f"{then:.1f} → {now:.1f} per pod since the search re-opened, and "
+        f"the load is still {'rising' if direction > 0 else 'falling'}, {then:.1f} → "
+        f"{now:.1f} requests running per target pod since the search re-opened, and "
         f"{leader.name}, drafting {'less' if direction > 0 else 'more'}, gains as it does"
     )
 

@@ -541,18 +541,19 @@ def test_a_noisy_lead_over_an_incumbent_that_saturates_alone_is_read_per_token()
 def _lead_under_a_load_move(
     running: float, leader_name: str = "eagle3/1", fell: bool = False
 ) -> Decision:
-    """Epoch 1 was opened when the batch rose from 4 to 60 per pod (or, ``fell``, dropped
-    from 60 to 20); one window of the leader on the canary at 0.97× eagle3/5's p95 (each
-    p95 known within ±2 %), with the incumbent's batch at ``running`` per pod."""
+    """Epoch 1 was opened when the batch of the one target pod rose from 4 to 60 (or,
+    ``fell``, dropped from 60 to 20); one window of the leader on the canary at 0.97×
+    eagle3/5's p95 (each p95 known within ±2 %), the service running ``running`` requests,
+    half on the canary."""
     world = WORLDS["chat: eagle3 wins at a small k"]
     inc = parse_arm("eagle3/5")
     leader = parse_arm(leader_name)
     history = _load_epoch_history(world, inc, *((60.0, 20.0) if fell else (4.0, 60.0)))
-    base = replace(world.stats(inc), running=running)
+    base = replace(world.stats(inc), running=running / 2)
     start = 780.0
     if leader.drafter != inc.drafter:
         # The second length first (it gives the plain step), level with the incumbent.
-        level = replace(world.stats(parse_arm("eagle3/1")), running=running,
+        level = replace(world.stats(parse_arm("eagle3/1")), running=running / 2,
                         objective=base.objective, objective_low=base.objective_low,
                         objective_high=base.objective_high)  # fmt: skip
         first = TrialRecord("eagle3/1", inc.name, 1, 600.0).with_window(
@@ -560,7 +561,7 @@ def _lead_under_a_load_move(
         )
         history = history.add_trial(first.ended(Outcome.MEASURED, "next arm chosen"))
         start += 480
-    can = replace(world.stats(leader), running=running, objective=base.objective * 0.97)
+    can = replace(world.stats(leader), running=running / 2, objective=base.objective * 0.97)
     can = replace(can, objective_low=can.objective * 0.98, objective_high=can.objective * 1.02)
     trial = TrialRecord(leader.name, inc.name, 1, start - 180).with_window(
         WindowRecord(start, start + 300, base, can, inc.name)
@@ -570,14 +571,14 @@ def _lead_under_a_load_move(
 
 
 def test_a_k_the_moving_load_favours_is_promoted_without_the_margin_while_it_moves() -> None:
-    # A 3 % lead is sure, one past ε = 2 % is not. But the batch is still growing (60 per
-    # pod when the search re-opened, 70 now), and a shorter k gains as it grows: the lead
-    # will be larger by the time eagle3/1 is rolled out.
+    # A 3 % lead is sure, one past ε = 2 % is not. But the batch is still growing (60 when
+    # the search re-opened, 70 now: 35 on the target's pod and 35 on the canary), and a
+    # shorter k gains as it grows: the lead will be larger once eagle3/1 is rolled out.
     d = _lead_under_a_load_move(running=70.0)
     assert d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("eagle3/1"), d.reason
     assert not d.final
-    assert "no margin: the load is still rising, running batch 60.0 → 70.0 per pod" in d.reason
-    # The load settled where the move left it: the margin stands.
+    assert "no margin: the load is still rising, 60.0 → 70.0 requests running per" in d.reason
+    # The load settled where the move left it (61 running): the margin stands.
     d = _lead_under_a_load_move(running=61.0)
     assert not (d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("eagle3/1")), d.reason
     # Another drafter's costs grow with the batch at their own rate: the margin stands.
@@ -586,4 +587,8 @@ def test_a_k_the_moving_load_favours_is_promoted_without_the_margin_while_it_mov
     # After a fall, a longer k gains as the batch keeps shrinking (20 → 10 per pod).
     d = _lead_under_a_load_move(running=10.0, leader_name="eagle3/7", fell=True)
     assert d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("eagle3/7"), d.reason
-    assert "the load is still falling, running batch 20.0 → 10.0 per pod" in d.reason
+    assert "the load is still falling, 20.0 → 10.0 requests running per target pod" in d.reason
+    # ... but not once it settled: 10 on the target's pod beside 10 on the canary is the
+    # 20 that the move left, though the target's pod alone ran 20 before the canary came.
+    d = _lead_under_a_load_move(running=20.0, leader_name="eagle3/7", fell=True)
+    assert not (d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("eagle3/7")), d.reason
