@@ -30,7 +30,9 @@ measured so far. Then:
    re-opened the search goes on, beating it at all suffices for a leader that drafts less
    than the incumbent as the load rises, or more as it falls (:func:`_load_favours`).
    The arm on the canary is extended by another window (no restart) while it is in the
-   race — unless it leads and a challenger beats it with confidence — up to three windows;
+   race — unless it leads and a challenger beats it with confidence — or while a load move
+   that goes on favours it and it is not behind the incumbent with confidence, up to
+   three windows;
    an arm is restarted at most twice per epoch. A drafter never measured is priced with a
    wide prior below ``off`` (:data:`UNEXPLORED_GAIN`, from the published range of
    speedups).
@@ -367,12 +369,21 @@ class SpectunePolicy:
             running.arm == challenger.name
             or (running.arm == leader.name and beats[ci] < 1 - ctx.delta)
         )
+        # So is an arm the ongoing load move favours over the incumbent (_load_favours)
+        # while it is not behind it with confidence: its lead grows window by window as the
+        # move goes on (load-ramp: draft1b/1 at 1.02× draft1b/4 with 7 requests per pod,
+        # 0.87× at 14), and a trial moved on from it would leave the lead unseen.
+        race = f"P(within ε) = {p_ok:.2f}"
+        if running is not None and not in_race and {running.arm, ctx.incumbent.name} <= set(names):
+            ri, ii = names.index(running.arm), names.index(ctx.incumbent.name)
+            favoured = _load_favours(history, ctx.incumbent, parse_arm(running.arm))
+            if favoured is not None and float(np.mean(draws[:, ri] < draws[:, ii])) >= ctx.delta:
+                in_race, race = True, favoured
         if extend and in_race and running is not None and beats[ci] >= ctx.delta:
             return Decision(
                 DecisionKind.TRIAL,
                 parse_arm(running.arm),
-                f"{running.arm} is still in the race (P(within ε) = {p_ok:.2f}); "
-                "measuring another window",
+                f"{running.arm} is still in the race ({race}); measuring another window",
                 None,
                 _estimates(beliefs, minimise),
             )

@@ -539,10 +539,10 @@ def test_a_noisy_lead_over_an_incumbent_that_saturates_alone_is_read_per_token()
 
 
 def _lead_under_a_load_move(
-    running: float, leader_name: str = "eagle3/1", fell: bool = False
+    running: float, leader_name: str = "eagle3/1", fell: bool = False, ratio: float = 0.97
 ) -> Decision:
     """Epoch 1 was opened when the batch of the one target pod rose from 4 to 60 (or,
-    ``fell``, dropped from 60 to 20); one window of the leader on the canary at 0.97×
+    ``fell``, dropped from 60 to 20); one window of the leader on the canary at ``ratio``×
     eagle3/5's p95 (each p95 known within ±2 %), the service running ``running`` requests,
     half on the canary."""
     world = WORLDS["chat: eagle3 wins at a small k"]
@@ -561,7 +561,7 @@ def _lead_under_a_load_move(
         )
         history = history.add_trial(first.ended(Outcome.MEASURED, "next arm chosen"))
         start += 480
-    can = replace(world.stats(leader), running=running / 2, objective=base.objective * 0.97)
+    can = replace(world.stats(leader), running=running / 2, objective=base.objective * ratio)
     can = replace(can, objective_low=can.objective * 0.98, objective_high=can.objective * 1.02)
     trial = TrialRecord(leader.name, inc.name, 1, start - 180).with_window(
         WindowRecord(start, start + 300, base, can, inc.name)
@@ -592,3 +592,17 @@ def test_a_k_the_moving_load_favours_is_promoted_without_the_margin_while_it_mov
     # 20 that the move left, though the target's pod alone ran 20 before the canary came.
     d = _lead_under_a_load_move(running=20.0, leader_name="eagle3/7", fell=True)
     assert not (d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("eagle3/7")), d.reason
+
+
+def test_a_k_the_moving_load_favours_stays_on_the_canary_while_level() -> None:
+    # eagle3/1 level with eagle3/5 (1.01×) while the batch still grows: its lead comes as
+    # the load rises, so the canary keeps it for another window instead of moving on.
+    d = _lead_under_a_load_move(running=70.0, ratio=1.01)
+    assert d.kind is DecisionKind.TRIAL and d.arm == parse_arm("eagle3/1"), d.reason
+    assert "still in the race (the load is still rising" in d.reason
+    # Once the load settled, a level arm is not kept: the search moves on.
+    d = _lead_under_a_load_move(running=61.0, ratio=1.01)
+    assert d.arm != parse_arm("eagle3/1"), d.reason
+    # Nor is one behind the incumbent with confidence, however the load moves.
+    d = _lead_under_a_load_move(running=70.0, ratio=1.10)
+    assert d.arm != parse_arm("eagle3/1"), d.reason
