@@ -311,13 +311,13 @@ class SpectunePolicy:
                 f"{ctx.epsilon:.0%} with probability {better:.2f}"
             )
             unsure = better < 1 - ctx.delta and ii >= 0
+            ahead = float(np.mean(draws[:, li] < draws[:, ii])) if unsure else math.nan
             faster = _amplified(history, ctx.incumbent.name, leader.name) if unsure else None
             if faster is not None:
                 # The lead at the target's load follows from the per-token lead, measured
                 # to a percent per window, not from the trials' p95s at a lighter load,
                 # which move by tens of percent: the objective only must not show the
                 # leader behind with confidence. No ε margin: that load widens the lead.
-                ahead = float(np.mean(draws[:, li] < draws[:, ii]))
                 if ahead >= ctx.delta:
                     better = max(ahead, faster)
                 why = (
@@ -333,7 +333,7 @@ class SpectunePolicy:
                 # The load is still moving the way that widens this leader's lead (a
                 # shorter k gains as the batch grows, a longer one as it shrinks): the
                 # lead measured now is the least it will have once promoted.
-                better = float(np.mean(draws[:, li] < draws[:, ii]))
+                better = ahead
                 why = (
                     f"{leader.name} beats the incumbent {ctx.incumbent.name} with probability "
                     f"{better:.2f} (no margin: {moving})"
@@ -442,7 +442,11 @@ def _load_direction(history: History) -> int:
     Compares the running batch of the last window before the re-tune (the one that
     showed the move) with the first window of the epoch it ended.
     """
-    moved = _load_move(history)
+    return _move_direction(_load_move(history))
+
+
+def _move_direction(moved: tuple[WindowRecord, WindowRecord] | None) -> int:
+    """+1 / −1 / 0 for the batch from the first to the last of :func:`_load_move`'s pair."""
     if moved is None:
         return 0
     a, b = moved[0].incumbent, moved[1].incumbent
@@ -494,7 +498,7 @@ def _load_favours(history: History, incumbent: Arm, leader: Arm) -> str | None:
     are not compared this way: their costs grow with the batch at their own rates.
     """
     moved = _load_move(history)
-    direction = _load_direction(history)
+    direction = _move_direction(moved)
     if moved is None or direction == 0:
         return None
     if leader.schedule is not None or incumbent.schedule is not None:
@@ -625,9 +629,9 @@ def _amplified(history: History, incumbent: str, leader: str) -> float | None:
             if not (can.tpot_mean > 0 and inc.tpot_mean > 0):
                 return None
             logs.append(math.log(can.tpot_mean / inc.tpot_mean))
-    if not logs or sum(logs) / len(logs) >= 0:
+    mean = sum(logs) / len(logs) if logs else math.nan
+    if not mean < 0:
         return None
-    mean = sum(logs) / len(logs)
     sd = float(np.std(logs, ddof=1)) if len(logs) > 1 else 0.0
     se = max(sd, MEASURED_FLOOR) / math.sqrt(len(logs))
     return 0.5 * math.erfc(mean / se / math.sqrt(2))
