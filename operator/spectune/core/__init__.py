@@ -15,7 +15,9 @@ The functions live in private modules by concern and are public only through thi
   :func:`break_even_survival`;
 - uncertainty: :func:`wilson_interval`, :func:`beta_interval`, :func:`survival_intervals`
   (:class:`ConfidenceInterval`);
-- cost and capacity: :func:`draft_cost_from_tpot`, :func:`kv_pool_tokens`.
+- cost and capacity: :func:`draft_cost_from_tpot`, :func:`kv_pool_tokens`;
+- latency tails from acceptance across requests: :func:`fit_acceptance_spread`,
+  :func:`tail_ratio` (:class:`AcceptanceSpread`).
 
 Examples
 --------
@@ -54,8 +56,10 @@ from spectune.core._speedup import (
     predict_speedup,
     speedup,
 )
+from spectune.core._tail import AcceptanceSpread, fit_acceptance_spread, tail_ratio
 
 __all__ = [
+    "AcceptanceSpread",
     "ConfidenceInterval",
     "SpeedupTable",
     "acceptance_rate",
@@ -64,6 +68,7 @@ __all__ = [
     "draft_cost_from_tpot",
     "expected_tokens",
     "expected_tokens_flat",
+    "fit_acceptance_spread",
     "flat_rate_for_length",
     "flat_survival",
     "gamma_quantiles",
@@ -73,5 +78,6 @@ __all__ = [
     "speedup",
     "survival_from_counts",
     "survival_intervals",
+    "tail_ratio",
     "wilson_interval",
 ]

@@ -19,6 +19,10 @@ throughput) is that times the drafter's measured ratio of objective to mean late
 carries tail and queueing effects (a drafter that shrinks the KV pool) from the measured
 arms of the drafter to its other ``k``.
 
+Where the per-token histogram cannot show a p95 (all of it under the first bound), the
+window's p95 is modelled from its exact mean and the drafter's spread of acceptance across
+requests (:class:`_Tails`, :mod:`spectune.core._tail`).
+
 A measured arm's ratio comes from its windows at the current load (:data:`SIMILAR_LOAD`
 of the epoch's latest window): an epoch spans loads within the controller's load-move
 factor, and draft costs move with the batch inside it.
@@ -41,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from spectune.core import flat_rate_for_length
+from spectune.core import AcceptanceSpread, fit_acceptance_spread, flat_rate_for_length, tail_ratio
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.objective import WindowStats, same_load, saturated
@@ -107,16 +111,19 @@ def _log(x: float) -> float:
     return math.log(x) if x > 0 and not math.isnan(x) else math.nan
 
 
-def _pair_spread(can: WindowStats, inc: WindowStats) -> float:
-    """Log-spread of one window's objective ratio from the quantile intervals."""
-    parts = []
-    for s in (can, inc):
-        lo, hi = s.objective_low, s.objective_high
-        if lo > 0 and hi > 0 and not (math.isnan(lo) or math.isnan(hi)):
-            parts.append((math.log(hi) - math.log(lo)) / (2 * 1.96))
-    if len(parts) < 2:
+def _side_spread(s: WindowStats) -> float:
+    """Log-spread of one group's objective from its quantile interval (NaN if unknown)."""
+    lo, hi = s.objective_low, s.objective_high
+    if lo > 0 and hi > 0 and not (math.isnan(lo) or math.isnan(hi)):
+        return (math.log(hi) - math.log(lo)) / (2 * 1.96)
+    return math.nan
+
+
+def _pair_spread(*sides: float) -> float:
+    """Log-spread of one window's objective ratio from its two sides' spreads."""
+    if any(math.isnan(x) for x in sides):
         return 0.05
-    return math.sqrt(sum(p * p for p in parts))
+    return math.sqrt(sum(x * x for x in sides))
 
 
 @dataclass
@@ -134,13 +141,26 @@ class _Measured:
         inc: WindowStats,
         sign: float,
         offset: tuple[float, float, float] = (0.0, 0.0, 0.0),
+        values: tuple[float, float, float] | None = None,
     ) -> None:
-        """One paired window; ``offset`` = (loss, log tpot, spread) of its incumbent."""
+        """One paired window; ``offset`` = (loss, log tpot, spread) of its incumbent.
+
+        ``values``: the two objectives to compare and the log-spread of their ratio, where
+        they differ from the windows' own (a tail the histogram cannot show, read from
+        acceptance: :meth:`_Tails.pair`).
+        """
         off_loss, off_tpot, off_spread = offset
-        o = _log(can.objective) - _log(inc.objective)
+        if values is None:
+            values = (
+                can.objective,
+                inc.objective,
+                _pair_spread(_side_spread(can), _side_spread(inc)),
+            )
+        can_value, inc_value, pair_spread = values
+        o = _log(can_value) - _log(inc_value)
         t = _log(can.tpot_mean) - _log(inc.tpot_mean) + off_tpot
         if not math.isnan(o):
-            sp = math.hypot(max(_pair_spread(can, inc), MEASURED_FLOOR), off_spread)
+            sp = math.hypot(max(pair_spread, MEASURED_FLOOR), off_spread)
             self.obj_logs.append(sign * o + off_loss)
             self.obj_weights.append(1 / (sp * sp))
         if not math.isnan(t):
@@ -204,6 +224,74 @@ def _interp_cost(points: dict[int, float], k: int) -> float:
     return points[xs[-1]] + c * (k - xs[-1])
 
 
+class _Tails:
+    """The TPOT p95 of windows whose histogram cannot show it, read from acceptance.
+
+    Where every request's per-token latency sits under the histogram's first bound (10 ms
+    in vLLM; an 8B model with a drafter runs at 3–6 ms), the gamma fit has the exact mean
+    and no tail: any shape fits one full bucket, and its p95 is a guess. The mean alone
+    would rank arms wrongly too: its best ``k`` is larger than the p95's (model-drift:
+    eagle3/4 best on the mean, eagle3/2 on the p95 by 6 %). Such a window's
+    p95 is its exact mean times the ratio of p95 to mean that the drafter's spread of
+    acceptance across requests gives at its ``k`` (:func:`spectune.core.tail_ratio`),
+    capped at the bound. ``off`` has ratio 1: without drafting the acceptance spread adds
+    no tail.
+    """
+
+    def __init__(self, by_drafter: dict[str, list[WindowStats]]) -> None:
+        self.spreads: dict[str, AcceptanceSpread] = {}
+        for drafter, windows in by_drafter.items():
+            counters = [(s.accepted_per_pos, s.drafts) for s in windows if s.drafts > 0]
+            fit = fit_acceptance_spread(counters)
+            if fit is not None:
+                self.spreads[drafter] = fit
+
+    def _ratio(self, s: WindowStats, arm_name: str) -> float | None:
+        """p95 over mean for a window whose histogram hid its tail; None if unknown."""
+        if math.isnan(s.objective_bound) or not s.tpot_mean > 0:
+            return None
+        arm = _arm_of(arm_name)
+        if arm is None or arm.schedule is not None:
+            return None
+        if arm.drafter is None:
+            return 1.0
+        spread = self.spreads.get(arm.drafter)
+        return tail_ratio(spread, arm.k) if spread is not None else None
+
+    def pair(
+        self, can: WindowStats, can_arm: str, inc: WindowStats, inc_arm: str
+    ) -> tuple[float, float, float]:
+        """The two objectives of a paired window and the log-spread of their ratio.
+
+        A modelled p95 is the window's exact mean times a ratio fixed by the fit, so what
+        is uncertain in it is the mean: the spread across requests the ratio implies
+        (CV ≈ (ratio − 1)/1.645), over the square root of the window's requests. A
+        hidden tail that cannot be modelled (its drafter seen at fewer than three
+        positions since the model changed) keeps the histogram's figure, and then so does
+        the other side: a modelled p95 against the gamma fit's guess would compare two
+        different things.
+        """
+        rc, ri = self._ratio(can, can_arm), self._ratio(inc, inc_arm)
+        hidden_c = not math.isnan(can.objective_bound)
+        hidden_i = not math.isnan(inc.objective_bound)
+        if (hidden_c and rc is None) or (hidden_i and ri is None) or (rc is None and ri is None):
+            return (
+                can.objective,
+                inc.objective,
+                _pair_spread(_side_spread(can), _side_spread(inc)),
+            )
+        sides = []
+        values = []
+        for s, r in ((can, rc), (inc, ri)):
+            if r is None:
+                values.append(s.objective)
+                sides.append(_side_spread(s))
+            else:
+                values.append(min(s.tpot_mean * r, s.objective_bound))
+                sides.append((r - 1.0) / 1.645 / math.sqrt(max(s.requests, 1.0)))
+        return values[0], values[1], _pair_spread(*sides)
+
+
 def _arm_of(name: str) -> Arm | None:
     try:
         return parse_arm(name)
@@ -234,10 +322,25 @@ def build_beliefs(
         if w.incumbent is not None and (not w.incumbent_arm or w.incumbent_arm == incumbent.name):
             inc_windows.append(w.incumbent)
             note_acceptance(incumbent.name, w.incumbent)
+    for t in epoch_trials:
+        for w in t.windows:
+            note_acceptance(t.incumbent, w.incumbent)
+            note_acceptance(t.arm, w.canary)
+    # Acceptance is a property of the drafter on this traffic, not of the load: epochs
+    # re-opened only because the load moved lend theirs (History.acceptance_epochs).
+    for epoch in history.acceptance_epochs()[1:]:
+        for t in history.in_epoch(epoch):
+            for w in t.windows:
+                note_acceptance(w.incumbent_arm or t.incumbent, w.incumbent)
+                note_acceptance(t.arm, w.canary)
+        for w in history.baseline_windows(epoch):
+            note_acceptance(w.incumbent_arm, w.incumbent)
+    tails = _Tails(by_drafter)
+
     # A search may promote a clear winner and go on: trials then compare against different
     # incumbents. Each promoted arm was measured against the one before, so every
     # incumbent's offset to the current one follows by chaining those ratios.
-    offsets = _incumbent_offsets(epoch_trials, incumbent.name, sign)
+    offsets = _incumbent_offsets(epoch_trials, incumbent.name, sign, tails)
     # An arm's objective ratio is read from its windows at the load of the epoch's latest
     # paired window. Draft costs grow with the batch, so under a ramp that stays inside the
     # load-move factor an arm's gain moves window by window (load-ramp: draft1b/1 against
@@ -259,26 +362,14 @@ def build_beliefs(
             b.excluded[t.arm] = f"guardrail: {t.reason}"
         offset = offsets.get(t.incumbent)
         for w in t.windows:
-            if w.incumbent is not None:
-                if t.incumbent == incumbent.name:
-                    inc_windows.append(w.incumbent)
-                note_acceptance(t.incumbent, w.incumbent)
+            if w.incumbent is not None and t.incumbent == incumbent.name:
+                inc_windows.append(w.incumbent)
             if w.canary is not None:
-                note_acceptance(t.arm, w.canary)
                 inc_s = w.incumbent if w.canary.requests > 0 else None
                 at_load = inc_s is not None and same_load(inc_s.running, now_b, SIMILAR_LOAD)
                 if inc_s is not None and offset is not None and at_load:
-                    measured[t.arm].add(w.canary, inc_s, sign, offset)
-
-    # Acceptance is a property of the drafter on this traffic, not of the load: epochs
-    # re-opened only because the load moved lend theirs (History.acceptance_epochs).
-    for epoch in history.acceptance_epochs()[1:]:
-        for t in history.in_epoch(epoch):
-            for w in t.windows:
-                note_acceptance(w.incumbent_arm or t.incumbent, w.incumbent)
-                note_acceptance(t.arm, w.canary)
-        for w in history.baseline_windows(epoch):
-            note_acceptance(w.incumbent_arm, w.incumbent)
+                    pair = tails.pair(w.canary, t.arm, inc_s, t.incumbent)
+                    measured[t.arm].add(w.canary, inc_s, sign, offset, pair)
 
     # An earlier incumbent of this epoch is a measured arm too: its offset is its ratio.
     for t in epoch_trials:
@@ -558,7 +649,7 @@ def _off_from_two_lengths(
 
 
 def _incumbent_offsets(
-    trials: Sequence[TrialRecord], current: str, sign: float
+    trials: Sequence[TrialRecord], current: str, sign: float, tails: _Tails
 ) -> dict[str, tuple[float, float, float]]:
     """(loss, log tpot, spread) of each incumbent of the epoch relative to ``current``.
 
@@ -568,7 +659,8 @@ def _incumbent_offsets(
     for t in trials:
         for w in t.windows:
             if w.canary is not None and w.incumbent is not None and w.canary.requests > 0:
-                edges[(t.arm, t.incumbent)].add(w.canary, w.incumbent, sign)
+                values = tails.pair(w.canary, t.arm, w.incumbent, t.incumbent)
+                edges[(t.arm, t.incumbent)].add(w.canary, w.incumbent, sign, values=values)
     offsets: dict[str, tuple[float, float, float]] = {current: (0.0, 0.0, 0.0)}
     changed = True
     while changed:

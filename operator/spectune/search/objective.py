@@ -107,6 +107,11 @@ class WindowStats:
     """Lower 95 % bound of the TTFT p90 (read between the buckets, as Prometheus does)."""
     queue_p90_low: float = math.nan
     """Lower 95 % bound of the queue-time p90."""
+    objective_bound: float = math.nan
+    """Where the objective is the TPOT p95 and it falls in the histogram's first bucket, that
+    bucket's upper bound (NaN otherwise): the histogram then bounds the p95 but cannot say
+    where below it lies, and the model reads the tail from acceptance instead
+    (:mod:`spectune.core._tail`)."""
 
 
 #: Batches closer than this many requests cost the same per step (memory-bound), whatever
@@ -184,6 +189,13 @@ def fitted_quantile_interval(
     return est, low, high
 
 
+def _first_bucket_bound(h: Histogram | None, q: float) -> float:
+    """The first bucket's upper bound when the ``q`` quantile lies in it, else NaN."""
+    if h is None or h.count <= 0 or not h.bounds or not math.isfinite(h.bounds[0]):
+        return math.nan
+    return h.bounds[0] if h.cumulative[0] >= q * h.count else math.nan
+
+
 def _mean(h: Histogram | None) -> float:
     return h.mean if h is not None else math.nan
 
@@ -225,6 +237,9 @@ def window_stats(obs: Observation, objective: Objective) -> WindowStats:
         Metric.GOODPUT: (tokens_per_s / max(len(obs.pods), 1), math.nan, math.nan),
     }
     value, low, high = by_metric[objective.metric]
+    bound = math.nan
+    if objective.metric is Metric.TPOT_P95:
+        bound = _first_bucket_bound(obs.tpot, 0.95)
     spec = obs.spec
     per_pos = spec.accepted_per_pos if spec is not None and spec.accepted_per_pos else ()
     drafts = spec.drafts if spec is not None and spec.drafts else 0.0
@@ -263,4 +278,5 @@ def window_stats(obs: Observation, objective: Objective) -> WindowStats:
         ),
         ttft_p90_low=quantile_interval(obs.ttft, 0.90)[1],
         queue_p90_low=quantile_interval(obs.queue, 0.90)[1],
+        objective_bound=bound,
     )

@@ -15,6 +15,7 @@ MODULES = [
     "spectune.core._speedup",
     "spectune.core._intervals",
     "spectune.core._capacity",
+    "spectune.core._tail",
 ]
 
 

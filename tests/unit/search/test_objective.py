@@ -6,7 +6,7 @@ import math
 
 from spectune.engines import Dialect
 from spectune.metrics import Histogram, Observation
-from spectune.search.objective import Objective, window_stats
+from spectune.search.objective import Metric, Objective, window_stats
 
 #: vLLM's TTFT buckets up to 2.5 s, seconds.
 TTFT_BOUNDS = (0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, math.inf)
@@ -21,3 +21,21 @@ def test_a_burst_in_the_top_few_percent_moves_the_p95_and_not_the_p90() -> None:
     assert s.ttft_p95_low > 0.5  # the burst is the p95
     assert 0.25 < s.ttft_p90_low < 0.5  # the p90 is the pod's
     assert math.isnan(s.queue_p90_low)  # no queue-time histogram in this window
+
+
+#: vLLM's per-token latency buckets up to 0.1 s.
+TPOT_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, math.inf)
+
+
+def test_a_tpot_p95_under_the_first_bound_is_marked_as_bounded_only() -> None:
+    # 300 requests at 3–6 ms per token: one full bucket, whose p95 no histogram can place.
+    hidden = Histogram(TPOT_BOUNDS, (300.0,) * 6, 300 * 0.004, 300)
+    # 10 % of them above 10 ms: the p95 lies in the second bucket, which the fit can read.
+    seen = Histogram(TPOT_BOUNDS, (270.0, 300.0, 300.0, 300.0, 300.0, 300.0), 1.5, 300)
+    obs = Observation(Dialect.VLLM_V1, 300.0, ("canary-0",), None, tpot=hidden)
+    assert window_stats(obs, Objective()).objective_bound == 0.01
+    seen_obs = Observation(Dialect.VLLM_V1, 300.0, ("canary-0",), None, tpot=seen)
+    assert math.isnan(window_stats(seen_obs, Objective()).objective_bound)
+    # Only a TPOT objective is modelled from acceptance.
+    e2e = Objective(Metric.E2E_P95)
+    assert math.isnan(window_stats(obs, e2e).objective_bound)
