@@ -240,6 +240,8 @@ class _Tails:
 
     def __init__(self, by_drafter: dict[str, list[WindowStats]]) -> None:
         self.spreads: dict[str, AcceptanceSpread] = {}
+        self.used: dict[str, float] = {}
+        """p95 over mean of each arm whose hidden tail was modelled, for the decision's notes."""
         for drafter, windows in by_drafter.items():
             counters = [(s.accepted_per_pos, s.drafts) for s in windows if s.drafts > 0]
             fit = fit_acceptance_spread(counters)
@@ -282,14 +284,26 @@ class _Tails:
             )
         sides = []
         values = []
-        for s, r in ((can, rc), (inc, ri)):
+        for s, r, name in ((can, rc, can_arm), (inc, ri, inc_arm)):
             if r is None:
                 values.append(s.objective)
                 sides.append(_side_spread(s))
             else:
+                self.used[name] = r
                 values.append(min(s.tpot_mean * r, s.objective_bound))
                 sides.append((r - 1.0) / 1.645 / math.sqrt(max(s.requests, 1.0)))
         return values[0], values[1], _pair_spread(*sides)
+
+    def note(self) -> str | None:
+        """What the decision's reason says about modelled tails (None if there were none)."""
+        drafted = {n: r for n, r in self.used.items() if n != OFF.name}
+        if not drafted:
+            return None
+        ratios = ", ".join(f"{n} at {r:.2f}× its mean" for n, r in sorted(drafted.items()))
+        return (
+            "every request under the histogram's first per-token bound, so p95s are read "
+            f"from how acceptance varies across requests: {ratios}"
+        )
 
 
 def _arm_of(name: str) -> Arm | None:
@@ -612,6 +626,9 @@ def build_beliefs(
             "the engine exports no per-position acceptance: other k are modelled from a flat "
             "rate and tried rather than trusted"
         )
+    tail_note = tails.note()
+    if tail_note is not None:
+        b.notes.append(tail_note)
     return b
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
-from spectune.search.model import ArmBelief, Beliefs
+from spectune.search.model import ArmBelief, Beliefs, build_beliefs
 from spectune.search.objective import Objective, WindowStats, saturated
 from spectune.search.policy import Decision, DecisionKind, DrafterSpec, SearchSpace, TuningContext
 from spectune.search.spectune_policy import SpectunePolicy, guardrail_breach, posterior_draws
@@ -658,6 +658,9 @@ def test_a_p95_the_histogram_cannot_show_is_read_from_acceptance() -> None:
     assert d.estimates[arm.name].measured
     assert d.estimates[arm.name].value == pytest.approx(1.04 * 1.366 / 1.635, rel=0.03)
     assert d.kind is DecisionKind.PROMOTE and d.arm == arm, d.reason
+    # Reasons say so, with the tail each arm was given.
+    notes = build_beliefs(SPACE, history, ctx.incumbent, True, 0).notes
+    assert any("eagle3/2 at 1.3" in n and "eagle3/4 at 1.6" in n for n in notes), notes
     # The same windows with a p95 the histogram places: its figures are taken as they are.
     history, ctx, arm = _hidden_tail_history(bounded=False)
     d = SpectunePolicy().decide(ctx, history)
