@@ -123,9 +123,12 @@ def _fit(groups: tuple[tuple[int, tuple[float, ...], float], ...]) -> Acceptance
     best = None
     # Two starts, a varied and an alike population: the fit is not convex in the spread.
     for start_s in (3.0, 30.0):
-        r = optimize.least_squares(
-            residuals, [math.log(start_s), 0.97, *firsts], bounds=(lower, upper)
-        )
+        try:
+            r = optimize.least_squares(
+                residuals, [math.log(start_s), 0.97, *firsts], bounds=(lower, upper)
+            )
+        except ValueError:  # residuals not finite: counters the model cannot describe
+            continue
         if best is None or r.cost < best.cost:
             best = r
     if best is None or not best.success:
@@ -150,8 +153,10 @@ def fit_acceptance_spread(
     Returns
     -------
     AcceptanceSpread or None
-        None when no window has :data:`MIN_POSITIONS` positions with drafts: from fewer,
-        the spread across requests cannot be told apart from the decay by position.
+        None when no window has :data:`MIN_POSITIONS` positions with drafts (from fewer,
+        the spread across requests cannot be told apart from the decay by position) or
+        the fit does not converge. Windows with a missing (NaN) or negative count are
+        left out.
 
     Notes
     -----
@@ -183,9 +188,11 @@ def fit_acceptance_spread(
     pooled: dict[int, tuple[np.ndarray, float]] = {}
     for accepted, drafts in windows:
         k = len(accepted)
-        if k == 0 or not drafts > 0:
+        if k == 0 or not drafts > 0 or not math.isfinite(drafts):
             continue
         acc = np.asarray(accepted, dtype=float)
+        if not np.all(np.isfinite(acc)) or np.any(acc < 0):
+            continue  # a scrape gap (an idle rate() is NaN), not a count: the window says nothing
         if k in pooled:
             prev, d = pooled[k]
             pooled[k] = (prev + acc, d + drafts)

@@ -75,3 +75,11 @@ def test_windows_at_several_k_pool_and_two_positions_alone_say_nothing() -> None
     pooled = fit_acceptance_spread([(tuple(acc4), d4), (tuple(acc2), d2)])
     assert pooled is not None
     assert pooled.concentration == pytest.approx(6.0, rel=0.5)
+
+
+def test_a_window_with_a_scrape_gap_is_left_out_of_the_fit() -> None:
+    _, acc, drafts = _requests(0.8, 6.0, 4, seed=7)
+    clean = fit_acceptance_spread([(tuple(acc), drafts)])
+    gap = (float("nan"), *acc[1:])
+    assert fit_acceptance_spread([(tuple(acc), drafts), (gap, drafts)]) == clean
+    assert fit_acceptance_spread([(gap, drafts)]) is None
