@@ -19,7 +19,7 @@ throughput) is that times the drafter's measured ratio of objective to mean late
 carries tail and queueing effects (a drafter that shrinks the KV pool) from the measured
 arms of the drafter to its other ``k``.
 
-Where the per-token histogram cannot show a p95 (all of it under the first bound), the
+Where the per-token histogram cannot place a p95 (all of it in one bucket), the
 window's p95 is modelled from its exact mean and the drafter's spread of acceptance across
 requests (:class:`_Tails`, :mod:`spectune.core._tail`).
 
@@ -228,13 +228,14 @@ class _Tails:
     """The TPOT p95 of windows whose histogram cannot show it, read from acceptance.
 
     Where every request's per-token latency sits under the histogram's first bound (10 ms
-    in vLLM; an 8B model with a drafter runs at 3–6 ms), the gamma fit has the exact mean
-    and no tail: any shape fits one full bucket, and its p95 is a guess. The mean alone
+    in vLLM; an 8B model with a drafter runs at 3–6 ms), or within one bucket, the gamma
+    fit has the exact mean and no tail: any shape fits one full bucket, and its p95 is a
+    guess. The mean alone
     would rank arms wrongly too: its best ``k`` is larger than the p95's (model-drift:
     eagle3/4 best on the mean, eagle3/2 on the p95 by 6 %). Such a window's
     p95 is its exact mean times the ratio of p95 to mean that the drafter's spread of
     acceptance across requests gives at its ``k`` (:func:`spectune.core.tail_ratio`),
-    capped at the bound. ``off`` has ratio 1: without drafting the acceptance spread adds
+    kept within the bucket's edges. ``off`` has ratio 1: without drafting the acceptance spread adds
     no tail.
     """
 
@@ -290,7 +291,7 @@ class _Tails:
                 sides.append(_side_spread(s))
             else:
                 self.used[name] = r
-                values.append(min(s.tpot_mean * r, s.objective_bound))
+                values.append(max(min(s.tpot_mean * r, s.objective_bound), s.objective_floor))
                 sides.append((r - 1.0) / 1.645 / math.sqrt(max(s.requests, 1.0)))
         return values[0], values[1], _pair_spread(*sides)
 
@@ -301,7 +302,7 @@ class _Tails:
             return None
         ratios = ", ".join(f"{n} at {r:.2f}× its mean" for n, r in sorted(drafted.items()))
         return (
-            "every request under the histogram's first per-token bound, so p95s are read "
+            "every request in one bucket of the per-token histogram, so p95s are read "
             f"from how acceptance varies across requests: {ratios}"
         )
 

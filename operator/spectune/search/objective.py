@@ -108,11 +108,20 @@ class WindowStats:
     queue_p90_low: float = math.nan
     """Lower 95 % bound of the queue-time p90."""
     objective_bound: float = math.nan
-    """Where the objective is the TPOT p95 and it falls in the histogram's first bucket, that
-    bucket's upper bound (NaN otherwise): the histogram then bounds the p95 but cannot say
-    where below it lies, and the model reads the tail from acceptance instead
-    (:mod:`spectune.core._tail`)."""
+    """Where the objective is the TPOT p95 and the histogram cannot place it inside its
+    bucket, that bucket's upper edge (NaN otherwise): the p95 falls in the first bucket, or
+    in one that holds the whole window. The histogram then bounds the p95 and says nothing
+    of where it lies between the edges, and the model reads the tail from acceptance
+    instead (:mod:`spectune.core._tail`)."""
+    objective_floor: float = 0.0
+    """That bucket's lower edge: 0 for the first bucket."""
 
+
+#: A bucket that holds this share of a window's observations leaves their spread unknown:
+#: with (almost) none on either side, any shape of the right mean fits the counts, so the
+#: gamma fit's quantile inside the bucket is a guess (load-ramp at 0.3 requests/s:
+#: draft1b/1's 364 per-token latencies all within 10–25 ms, its p95 read 11.5 % low).
+SOLE_BUCKET_SHARE = 0.99
 
 #: Batches closer than this many requests cost the same per step (memory-bound), whatever
 #: their ratio: 1 → 2 running requests is noise at low load, not a load shift.
@@ -189,11 +198,20 @@ def fitted_quantile_interval(
     return est, low, high
 
 
-def _first_bucket_bound(h: Histogram | None, q: float) -> float:
-    """The first bucket's upper bound when the ``q`` quantile lies in it, else NaN."""
+def _unplaced_bucket(h: Histogram | None, q: float) -> tuple[float, float]:
+    """(lower, upper) edges of the bucket of the ``q`` quantile when the histogram cannot
+    place the quantile inside it: the first bucket (nothing below it to go on), or a bucket
+    that holds the whole window (:data:`SOLE_BUCKET_SHARE`). Else ``(0, NaN)``."""
     if h is None or h.count <= 0 or not h.bounds or not math.isfinite(h.bounds[0]):
-        return math.nan
-    return h.bounds[0] if h.cumulative[0] >= q * h.count else math.nan
+        return 0.0, math.nan
+    if h.cumulative[0] >= q * h.count:
+        return 0.0, h.bounds[0]
+    for i in range(1, len(h.bounds)):
+        if not math.isfinite(h.bounds[i]):
+            break
+        if h.cumulative[i] - h.cumulative[i - 1] >= SOLE_BUCKET_SHARE * h.count:
+            return h.bounds[i - 1], h.bounds[i]
+    return 0.0, math.nan
 
 
 def _mean(h: Histogram | None) -> float:
@@ -237,9 +255,9 @@ def window_stats(obs: Observation, objective: Objective) -> WindowStats:
         Metric.GOODPUT: (tokens_per_s / max(len(obs.pods), 1), math.nan, math.nan),
     }
     value, low, high = by_metric[objective.metric]
-    bound = math.nan
+    floor, bound = 0.0, math.nan
     if objective.metric is Metric.TPOT_P95:
-        bound = _first_bucket_bound(obs.tpot, 0.95)
+        floor, bound = _unplaced_bucket(obs.tpot, 0.95)
     spec = obs.spec
     per_pos = spec.accepted_per_pos if spec is not None and spec.accepted_per_pos else ()
     drafts = spec.drafts if spec is not None and spec.drafts else 0.0
@@ -279,4 +297,5 @@ def window_stats(obs: Observation, objective: Objective) -> WindowStats:
         ttft_p90_low=quantile_interval(obs.ttft, 0.90)[1],
         queue_p90_low=quantile_interval(obs.queue, 0.90)[1],
         objective_bound=bound,
+        objective_floor=floor,
     )

@@ -27,7 +27,7 @@ def test_a_burst_in_the_top_few_percent_moves_the_p95_and_not_the_p90() -> None:
 TPOT_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, math.inf)
 
 
-def test_a_tpot_p95_under_the_first_bound_is_marked_as_bounded_only() -> None:
+def test_a_tpot_p95_the_buckets_cannot_place_is_marked_as_bounded_only() -> None:
     # 300 requests at 3–6 ms per token: one full bucket, whose p95 no histogram can place.
     hidden = Histogram(TPOT_BOUNDS, (300.0,) * 6, 300 * 0.004, 300)
     # 10 % of them above 10 ms: the p95 lies in the second bucket, which the fit can read.
@@ -36,6 +36,11 @@ def test_a_tpot_p95_under_the_first_bound_is_marked_as_bounded_only() -> None:
     assert window_stats(obs, Objective()).objective_bound == 0.01
     seen_obs = Observation(Dialect.VLLM_V1, 300.0, ("canary-0",), None, tpot=seen)
     assert math.isnan(window_stats(seen_obs, Objective()).objective_bound)
+    # 300 requests all within 10–25 ms: the bucket bounds the p95 on both sides, no more.
+    sole = Histogram(TPOT_BOUNDS, (0.0, 300.0, 300.0, 300.0, 300.0, 300.0), 300 * 0.014, 300)
+    sole_obs = Observation(Dialect.VLLM_V1, 300.0, ("canary-0",), None, tpot=sole)
+    s = window_stats(sole_obs, Objective())
+    assert (s.objective_floor, s.objective_bound) == (0.01, 0.025)
     # Only a TPOT objective is modelled from acceptance.
     e2e = Objective(Metric.E2E_P95)
     assert math.isnan(window_stats(obs, e2e).objective_bound)

@@ -619,7 +619,7 @@ def _varied_counters(k: int, drafts: float = 60_000.0) -> tuple[float, ...]:
     return tuple(drafts * (surv * weight).sum(axis=1) / weight.sum())
 
 
-def _hidden_tail_history(bounded: bool) -> tuple[History, TuningContext, Arm]:
+def _hidden_tail_history(bounded: bool, floor: float = 0.0) -> tuple[History, TuningContext, Arm]:
     """eagle3/4 incumbent, off and eagle3/2 measured at 3–8 ms per token; eagle3/2 4 %
     slower on the mean. The histogram's p95 guess follows the mean (1.2× it)."""
     world = WORLDS["chat: eagle3 wins at a small k"]
@@ -631,6 +631,7 @@ def _hidden_tail_history(bounded: bool) -> tuple[History, TuningContext, Arm]:
         return replace(
             world.stats(a), objective=1.2 * mean, objective_low=1.17 * mean,
             objective_high=1.23 * mean, tpot_mean=mean, requests=300, objective_bound=bound,
+            objective_floor=floor,
             k=len(counters), accepted_per_pos=counters, drafts=60_000.0 if counters else 0.0,
             mean_accepted_length=1 + sum(counters) / 60_000.0,
         )  # fmt: skip
@@ -666,3 +667,7 @@ def test_a_p95_the_histogram_cannot_show_is_read_from_acceptance() -> None:
     d = SpectunePolicy().decide(ctx, history)
     assert d.estimates[arm.name].value == pytest.approx(0.0037 / 0.00355, rel=0.01)
     assert d.arm != arm or d.kind is not DecisionKind.PROMOTE, d.reason
+    # A p95 the buckets bound from below as well stays within them: both sides at the floor.
+    history, ctx, arm = _hidden_tail_history(bounded=True, floor=0.009)
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.estimates[arm.name].value == pytest.approx(1.0, abs=0.01)
