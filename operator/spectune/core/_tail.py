@@ -5,7 +5,8 @@ worst: each request accepts at its own rate, and one that accepts little pays fo
 drafted position while emitting few tokens per pass. So the tail grows with ``k`` faster
 than the mean does, and the ``k`` that minimises a p95 sits below the one that minimises the
 mean. Where vLLM's per-token histogram cannot show the tail (every request under its first
-bound of 10 ms, as on an 8B model), ``search/model.py`` reads it from this model instead.
+bound of 10 ms, as on an 8B model, or within one bucket), ``search/model.py`` reads it from
+this model instead.
 
 The model: a request's acceptance rate :math:`a` is drawn from
 :math:`\mathrm{Beta}(\alpha s, (1-\alpha) s)`, and draft position :math:`i` is accepted, given
