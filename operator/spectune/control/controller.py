@@ -437,7 +437,11 @@ class Controller:
             await self.actuator.stop_canary()
             if d.arm.name != dep.incumbent.name:
                 await self.actuator.promote(d.arm)
-            self.history = self.history.promoted(d.arm.name)
+            # The search may end on the arm it already promoted while searching: that is
+            # its answer already, and nothing is patched, so nothing more is recorded.
+            confirmed = self.history.promotions[-1:] == ((self.history.epoch, d.arm.name),)
+            if not confirmed:
+                self.history = self.history.promoted(d.arm.name)
             self.state = replace(
                 self.state,
                 phase=Phase.MONITORING,
@@ -447,7 +451,10 @@ class Controller:
                 drift_since_s=None,
                 shift_since_s=None,
             )
-            self._event("Promoted", f"{d.arm.name}: {d.reason}")
+            if confirmed:
+                self._event("Converged", f"{d.arm.name} kept: {d.reason}")
+            else:
+                self._event("Promoted", f"{d.arm.name}: {d.reason}")
         else:
             w = await self._baseline_window(dep)
             await self._load_moved(w)

@@ -9,6 +9,7 @@ virtual. The loop itself is the real one.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -178,10 +179,17 @@ def test_baseline_trials_promotion_then_monitoring() -> None:
     for t in c.history.in_epoch():
         assert t.outcome is Outcome.MEASURED and t.windows
         assert t.windows[0].start_s >= t.started_s + fleet.restart_s
-    promoted = [e for e in events if e.reason == "Promoted"]
-    # A clear winner may be promoted early while the search goes on; the last is final.
-    assert promoted and all("search continues" in e.message for e in promoted[:-1])
-    assert "search continues" not in promoted[-1].message
+    ended = [e for e in events if e.reason in ("Promoted", "Converged")]
+    # A clear winner may be promoted early while the search goes on; the search ends on a
+    # final promotion, or keeps the arm it promoted while searching ("Converged"): then
+    # nothing is patched or recorded a second time.
+    assert ended and all("search continues" in e.message for e in ended[:-1])
+    assert "search continues" not in ended[-1].message
+    if ended[-1].reason == "Converged":
+        assert ended[-2].message.startswith(f"{fleet.incumbent.name} (search continues)")
+        assert ended[-1].message.startswith(f"{fleet.incumbent.name} kept")
+    assert all(a != b for a, b in itertools.pairwise(c.history.promotions))
+    assert len(fleet.promotions) == len(c.history.promotions)
     assert len(fleet.starts) <= 6
 
 
