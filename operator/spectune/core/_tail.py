@@ -90,6 +90,11 @@ def _survival(rate: npt.ArrayLike, decay: float, k: int) -> npt.NDArray[np.float
     return np.asarray(r[None, :] ** i * decay ** (i * (i - 1) / 2), dtype=np.float64)
 
 
+def _tokens_per_pass(rate: npt.ArrayLike, decay: float, k: int) -> npt.NDArray[np.float64]:
+    """E(a, k) at per-request rates ``rate``."""
+    return np.asarray(1.0 + _survival(rate, decay, k).sum(axis=0), dtype=np.float64)
+
+
 def _counter_curve(alpha: float, decay: float, concentration: float, k: int) -> np.ndarray:
     """P(L ≥ i) as the counters of an engine drafting ``k`` see it (pass-weighted)."""
     surv = _survival(_NODES, decay, k)
@@ -233,8 +238,8 @@ def tail_ratio(spread: AcceptanceSpread, k: int, q: float = 0.95) -> float:
     a = spread.alpha * spread.concentration
     b = (1.0 - spread.alpha) * spread.concentration
     low_rate = float(special.betaincinv(a, b, 1.0 - q))
-    tokens = 1.0 + float(_survival([low_rate], spread.decay, k).sum())
+    tokens = float(_tokens_per_pass([low_rate], spread.decay, k)[0])
     weight = _beta_pdf(spread.alpha, spread.concentration) * _WEIGHTS
-    per_node = 1.0 / (1.0 + _survival(_NODES, spread.decay, k).sum(axis=0))
+    per_node = 1.0 / _tokens_per_pass(_NODES, spread.decay, k)
     mean_inverse = float(np.sum(weight * per_node) / np.sum(weight))
     return (1.0 / tokens) / mean_inverse

@@ -140,22 +140,16 @@ class _Measured:
         can: WindowStats,
         inc: WindowStats,
         sign: float,
+        values: tuple[float, float, float],
         offset: tuple[float, float, float] = (0.0, 0.0, 0.0),
-        values: tuple[float, float, float] | None = None,
     ) -> None:
         """One paired window; ``offset`` = (loss, log tpot, spread) of its incumbent.
 
-        ``values``: the two objectives to compare and the log-spread of their ratio, where
-        they differ from the windows' own (a tail the histogram cannot show, read from
-        acceptance: :meth:`_Tails.pair`).
+        ``values``: the two objectives to compare and the log-spread of their ratio
+        (:meth:`_Tails.pair`: the windows' own, or tails the histogram cannot show, read
+        from acceptance).
         """
         off_loss, off_tpot, off_spread = offset
-        if values is None:
-            values = (
-                can.objective,
-                inc.objective,
-                _pair_spread(_side_spread(can), _side_spread(inc)),
-            )
         can_value, inc_value, pair_spread = values
         o = _log(can_value) - _log(inc_value)
         t = _log(can.tpot_mean) - _log(inc.tpot_mean) + off_tpot
@@ -235,8 +229,8 @@ class _Tails:
     eagle3/4 best on the mean, eagle3/2 on the p95 by 6 %). Such a window's
     p95 is its exact mean times the ratio of p95 to mean that the drafter's spread of
     acceptance across requests gives at its ``k`` (:func:`spectune.core.tail_ratio`),
-    kept within the bucket's edges. ``off`` has ratio 1: without drafting the acceptance spread adds
-    no tail.
+    kept within the bucket's edges. ``off`` has ratio 1: without drafting the acceptance
+    spread adds no tail.
     """
 
     def __init__(self, by_drafter: dict[str, list[WindowStats]]) -> None:
@@ -384,7 +378,7 @@ def build_beliefs(
                 at_load = inc_s is not None and same_load(inc_s.running, now_b, SIMILAR_LOAD)
                 if inc_s is not None and offset is not None and at_load:
                     pair = tails.pair(w.canary, t.arm, inc_s, t.incumbent)
-                    measured[t.arm].add(w.canary, inc_s, sign, offset, pair)
+                    measured[t.arm].add(w.canary, inc_s, sign, pair, offset)
 
     # An earlier incumbent of this epoch is a measured arm too: its offset is its ratio.
     for t in epoch_trials:
@@ -678,7 +672,7 @@ def _incumbent_offsets(
         for w in t.windows:
             if w.canary is not None and w.incumbent is not None and w.canary.requests > 0:
                 values = tails.pair(w.canary, t.arm, w.incumbent, t.incumbent)
-                edges[(t.arm, t.incumbent)].add(w.canary, w.incumbent, sign, values=values)
+                edges[(t.arm, t.incumbent)].add(w.canary, w.incumbent, sign, values)
     offsets: dict[str, tuple[float, float, float]] = {current: (0.0, 0.0, 0.0)}
     changed = True
     while changed:
