@@ -141,6 +141,11 @@ COVERAGE: dict[str, Coverage] = {
         "short variant: the same script on one scenario and two policies "
         "(the full table takes minutes)",
     ),
+    "python3 benchmarks/seeds.py": Coverage(
+        "unit",
+        "short variant: the same script on one scenario and its own seed (the full sweep "
+        "takes minutes with the oracles cached, about twenty without)",
+    ),
     "spectune whatif --acceptance 0.7 --draft-cost 0.15": Coverage(
         "unit", _EXACT + "; the best k and speedup the README's comment promises are checked"
     ),

@@ -140,6 +140,12 @@ def _bench_all(out: str, cwd: Path) -> None:
     assert rows[0]["efficiency"] > 0
 
 
+def _seeds(out: str, cwd: Path) -> None:
+    # One run, in the per-scenario row and the total.
+    assert re.search(r"chat-eagle3\s+│\s+1\s+│", out), out
+    assert re.search(r"all\s+│\s+1\s+│", out), out
+
+
 def _promtool(out: str, cwd: Path) -> None:
     assert "SUCCESS" in out
 
@@ -170,6 +176,12 @@ OFFLINE: dict[str, Runner] = {
         "--policies spectune --json",
         None,
         _bench_all,
+        600,
+    ),
+    "python3 benchmarks/seeds.py": (
+        "python3 benchmarks/seeds.py --only chat-eagle3 --seeds file --jobs 1",
+        None,
+        _seeds,
         600,
     ),
     "spectune whatif --acceptance 0.7 --draft-cost 0.15": (None, None, _whatif, 60),

@@ -1,0 +1,215 @@
+"""The policy over many seeds and a few held-out variants: what one bench table cannot show.
+
+Run: python3 benchmarks/seeds.py [--policy spectune] [--seeds file,11-20] [--jobs N]
+         [--only NAME,...] [--out runs.jsonl] [--compare before.jsonl]
+
+``bench_all.py`` runs each shipped scenario on its own seed, which is one draw of its
+traffic: a change to the policy can lift that draw and sink others. This script runs one
+policy on every shipped scenario and on :data:`VARIANTS` — the same worlds moved to another
+regime (busier, more replicas, the ramp the other way, an 8B target whose requests accept
+alike), as the unseen scenarios of the issue's evaluation would be — over many seeds (the
+file's own, then 11–20 by default). Each run goes through ``spectune.bench.runner.run_bench``
+(the code of ``spectune bench``); the oracles are cached as there.
+
+Prints one row per scenario (median, minimum and mean efficiency, mean run_efficiency,
+mean trials, runs whose guardrail breach exceeds one window per trial) and the totals.
+``--out`` keeps every run's JSON, one per line; ``--compare`` reads such a file from an
+earlier run and lists the runs whose efficiency moved by 0.005 or more, with the counts up
+and down — the figure to quote for a change, against a baseline measured the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import glob
+import json
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from spectune.bench.runner import run_bench
+from spectune.sim.scenario import Scenario, scenario_from_mapping
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "scenarios"
+
+#: Each variant: the shipped file it starts from and the top-level keys it replaces.
+VARIANTS: dict[str, Any] = yaml.safe_load("""
+chat-busy:            # chat at four times the load: a larger batch, so a smaller best k
+  base: chat-eagle3.yaml
+  set:
+    load: [{at_s: 0, requests_per_s: 4.0}]
+kv-two:               # kv-pressure on two replicas at the same load per pod: trials run at
+  base: kv-pressure-draft-model.yaml        # 2/3 of the target's per-pod load, not 1/2
+  set:
+    fleet: {replicas: 2}
+    load: [{at_s: 0, requests_per_s: 3.6}]
+ramp-down:            # the ramp the other way: off at the start, a drafter at the end
+  base: load-ramp.yaml
+  set:
+    load: [{at_s: 0, requests_per_s: 10.0}]
+    events:
+      - {at_s: 1200, kind: load, requests_per_s: 10.0, ramp_to: 0.3, over_s: 1200}
+      - {at_s: 2400, kind: load, requests_per_s: 0.3}
+small-alike:          # an 8B target under 10 ms per token whose requests accept nearly
+  base: model-drift.yaml                    # alike, tuned from a long k
+  set:
+    duration_s: 2400
+    events: []
+    initial: {drafter: eagle3, k: 6}
+    routes:
+      - name: assistant
+        share: 1.0
+        prompt_tokens: {dist: lognormal, mean: 800, sigma: 0.8, max: 8000}
+        output_tokens: {dist: lognormal, mean: 350, sigma: 0.7, max: 2048}
+        acceptance:
+          eagle3: {alpha: 0.80, decay: 0.97, spread: 60}
+          ngram: {alpha: 0.30, decay: 0.90, spread: 2}
+""")
+
+
+def scenarios(only: set[str] | None) -> Iterator[tuple[Scenario, dict[str, Any]]]:
+    """Every shipped scenario, then every variant: (validated scenario, its mapping)."""
+    docs: dict[str, dict[str, Any]] = {}
+    for path in sorted(glob.glob(str(EXAMPLES / "*.yaml"))):
+        doc = yaml.safe_load(Path(path).read_text())
+        docs[Path(path).name] = doc
+        if only is None or doc["name"] in only:
+            yield scenario_from_mapping(doc), doc
+    for name, variant in VARIANTS.items():
+        if only is not None and name not in only:
+            continue
+        doc = copy.deepcopy(docs[variant["base"]])
+        doc.update(copy.deepcopy(variant["set"]), name=name)
+        yield scenario_from_mapping(doc), doc
+
+
+def parse_seeds(text: str) -> list[str]:
+    """``file,11-20`` → ``["file", "11", ..., "20"]`` (``file``: the scenario's own seed)."""
+    out: list[str] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part == "file":
+            out.append(part)
+        elif "-" in part:
+            lo, hi = (int(x) for x in part.split("-", 1))
+            out.extend(str(s) for s in range(lo, hi + 1))
+        else:
+            out.append(str(int(part)))
+    return out
+
+
+def _one(doc: dict[str, Any], seed: int, policy: str, window: float) -> dict[str, Any]:
+    scenario = scenario_from_mapping(doc)
+    result = run_bench(scenario, policy, seed=seed, window_s=window, jobs=1)
+    return dict(result.to_json())
+
+
+def _key(doc: dict[str, Any]) -> tuple[str, int]:
+    return str(doc["scenario"]), int(doc["seed"])
+
+
+def _breached(doc: dict[str, Any], window: float) -> bool:
+    return bool(doc["guardrail_breach_s"] > window * max(int(doc["trials"]), 1))
+
+
+def main() -> int:
+    """Run the sweep; exit code 0."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", default="spectune")
+    ap.add_argument("--seeds", default="file,11-20")
+    ap.add_argument("--only", help="comma-separated scenario names (default: all)")
+    ap.add_argument("--window", type=float, default=300.0)
+    ap.add_argument("--jobs", type=int, default=2, help="runs at once (default 2)")
+    ap.add_argument("--out", type=Path, help="write every run's JSON here, one per line")
+    ap.add_argument("--compare", type=Path, help="an earlier --out file to compare with")
+    ns = ap.parse_args()
+    console = Console(width=150)
+    only = set(ns.only.split(",")) if ns.only else None
+    seeds = parse_seeds(ns.seeds)
+    jobs = []
+    for scenario, doc in scenarios(only):
+        for s in seeds:
+            jobs.append((doc, scenario.seed if s == "file" else int(s)))
+    t0 = time.perf_counter()
+    runs: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=ns.jobs) as pool:
+        futures = [pool.submit(_one, doc, seed, ns.policy, ns.window) for doc, seed in jobs]
+        for i, fut in enumerate(as_completed(futures), 1):
+            doc = fut.result()
+            runs.append(doc)
+            console.print(
+                f"[{i}/{len(jobs)}] {doc['scenario']} seed {doc['seed']}: "
+                f"efficiency {doc['efficiency']:.3f}, trials {doc['trials']}",
+                highlight=False,
+            )
+    runs.sort(key=_key)
+    if ns.out:
+        ns.out.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    console.print(_summary(runs, ns.policy, ns.window))
+    if ns.compare:
+        before = {_key(d): d for d in map(json.loads, ns.compare.read_text().splitlines())}
+        console.print(_comparison(before, runs))
+    console.print(f"{len(runs)} runs in {time.perf_counter() - t0:.0f} s wall")
+    return 0
+
+
+def _summary(runs: list[dict[str, Any]], policy: str, window: float) -> Table:
+    table = Table(title=f"{policy} over seeds")
+    cols = ("scenario", "runs", "median", "min", "mean", "run_eff mean", "trials mean",
+            "breach > window/trial")  # fmt: skip
+    for col in cols:
+        table.add_column(col, justify="left" if col == "scenario" else "right")
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        by.setdefault(r["scenario"], []).append(r)
+    for name, rs in [*by.items(), ("all", runs)]:
+        eff = [r["efficiency"] for r in rs]
+        table.add_row(
+            name,
+            str(len(rs)),
+            f"{statistics.median(eff):.3f}",
+            f"{min(eff):.3f}",
+            f"{statistics.fmean(eff):.3f}",
+            f"{statistics.fmean(r['run_efficiency'] for r in rs):.3f}",
+            f"{statistics.fmean(r['trials'] for r in rs):.1f}",
+            str(sum(_breached(r, window) for r in rs)),
+        )
+    return table
+
+
+def _comparison(before: dict[tuple[str, int], dict[str, Any]], runs: list[dict[str, Any]]) -> str:
+    up = down = 0
+    lines = []
+    for r in runs:
+        old = before.get(_key(r))
+        if old is None:
+            continue
+        delta = r["efficiency"] - old["efficiency"]
+        if abs(delta) < 0.005:
+            continue
+        up, down = up + (delta > 0), down + (delta < 0)
+        lines.append(
+            f"  {r['scenario']} seed {r['seed']}: {old['efficiency']:.3f} → "
+            f"{r['efficiency']:.3f} (trials {old['trials']} → {r['trials']})"
+        )
+    same = [r for r in runs if _key(r) in before]
+    mean_old = statistics.fmean(before[_key(r)]["efficiency"] for r in same) if same else 0.0
+    mean_new = statistics.fmean(r["efficiency"] for r in same) if same else 0.0
+    head = (
+        f"against the earlier file: {up} up, {down} down of {len(same)} runs; mean "
+        f"efficiency {mean_old:.3f} → {mean_new:.3f}"
+    )
+    return "\n".join([head, *lines])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
