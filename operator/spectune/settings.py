@@ -21,8 +21,9 @@ variable                        meaning
                                 ``every``) and the readiness timeout: for demos and tests
                                 against a time-scaled simulator; 1 in production
 ``SPECTUNE_READY_TIMEOUT_SECONDS``  a canary not ready after this long is infeasible, seconds
-``SPECTUNE_DRAFT_COST``         draft cost ``c`` assumed by ``mode: recommend`` and by the
-                                status diagnosis, in target-step units
+``SPECTUNE_DRAFT_COST``         draft cost ``c`` assumed by ``mode: recommend``, by the
+                                status diagnosis and by the search until it has measured
+                                one (its first trial), in target-step units
 ==============================  ==========================================================
 """
 

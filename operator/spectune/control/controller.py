@@ -26,7 +26,14 @@ from spectune.search.objective import (
     saturated,
     window_stats,
 )
-from spectune.search.policy import Decision, DecisionKind, Policy, SearchSpace, TuningContext
+from spectune.search.policy import (
+    ASSUMED_DRAFT_COST,
+    Decision,
+    DecisionKind,
+    Policy,
+    SearchSpace,
+    TuningContext,
+)
 
 __all__ = ["Controller", "ControllerConfig", "ControllerState", "Event", "Phase"]
 
@@ -79,6 +86,8 @@ class ControllerConfig:
     """Trials run on canary pods beside the incumbent (the service's load is both groups);
     False for in-place trials, whose incumbent figures are an earlier window of the same
     pods."""
+    assumed_draft_cost: float = ASSUMED_DRAFT_COST
+    """Draft cost c the policy assumes until one is measured (``SPECTUNE_DRAFT_COST``)."""
     seed: int = 0
 
 
@@ -141,6 +150,7 @@ class Controller:
             epsilon=self.config.epsilon,
             delta=self.config.delta,
             seed=self.config.seed,
+            assumed_draft_cost=self.config.assumed_draft_cost,
         )
 
     def _running(self) -> TrialRecord | None:

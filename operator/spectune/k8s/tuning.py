@@ -750,6 +750,7 @@ class TuningLoop:
             retune_every_s=s.scaled(every) if every is not None else None,
             poll_s=s.poll_s,
             ready_timeout_s=s.scaled(s.ready_timeout_s),
+            assumed_draft_cost=s.draft_cost,
         )
         if prior is not None:
             memory = Memory(

@@ -102,6 +102,9 @@ class Beliefs:
     notes: list[str] = field(default_factory=list)
     survival: dict[str, np.ndarray] = field(default_factory=dict)
     """P(L ≥ i) per drafter, for every drafter whose acceptance was seen."""
+    spreads: dict[str, AcceptanceSpread] = field(default_factory=dict)
+    """How acceptance varies across requests, per drafter whose counters allow the fit
+    (three positions or more; :func:`~spectune.core.fit_acceptance_spread`)."""
     saturated: bool = False
     """A window of this epoch found the pods saturated (``objective.saturated``): latency
     ratios there do not extrapolate to other arms, so ``off`` must be measured."""
@@ -345,6 +348,7 @@ def build_beliefs(
         for w in history.baseline_windows(epoch):
             note_acceptance(w.incumbent_arm, w.incumbent)
     tails = _Tails(by_drafter)
+    b.spreads = tails.spreads
 
     # A search may promote a clear winner and go on: trials then compare against different
     # incumbents. Each promoted arm was measured against the one before, so every

@@ -18,6 +18,7 @@ from spectune.search.history import History, Outcome
 from spectune.search.objective import Objective
 
 __all__ = [
+    "ASSUMED_DRAFT_COST",
     "Decision",
     "DecisionKind",
     "DrafterSpec",
@@ -63,6 +64,12 @@ class SearchSpace:
         raise KeyError(name)
 
 
+#: Draft cost (target-step units) assumed before one is measured: the default of
+#: ``SPECTUNE_DRAFT_COST`` (``settings.py``), which ``mode: recommend`` and the status
+#: diagnosis assume too.
+ASSUMED_DRAFT_COST = 0.1
+
+
 @dataclass(frozen=True)
 class TuningContext:
     """What a policy knows besides the history."""
@@ -79,6 +86,9 @@ class TuningContext:
     seed: int = 0
     min_requests: int = 30
     """Fewest finished canary requests for a window to count as evidence."""
+    assumed_draft_cost: float = ASSUMED_DRAFT_COST
+    """Draft cost c assumed until one is measured (it only chooses the search's first
+    trial; every later decision rests on measured costs)."""
 
 
 class DecisionKind(enum.Enum):

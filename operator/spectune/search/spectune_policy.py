@@ -9,7 +9,9 @@ measured so far. Then:
    never seen, nor about costs before it knows what ``off`` does on this traffic, so such a
    drafter is tried once at its largest ``k`` (which gives the curve for every smaller
    ``k``) and ``off`` once — unless an earlier epoch's draft costs already pin ``off``
-   down.
+   down, or a second draft length of the incumbent's drafter gives them: after a load
+   move the k the move favours, otherwise a shorter k that the incumbent's counters put
+   ahead at the draft cost assumed until one is measured (:func:`_second_length`).
 2. **Leader.** The arm with the best posterior mean. An unmeasured leader is tried (we never
    promote on a prediction alone).
 3. **Stop.** With posterior samples (:func:`posterior_draws`: a prediction read from a
@@ -59,10 +61,17 @@ import math
 
 import numpy as np
 
+from spectune.core import predict_speedup, tail_ratio
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.model import MEASURED_FLOOR, ArmBelief, Beliefs, build_beliefs
-from spectune.search.objective import SMALL_BATCH_CHANGE, Guardrails, WindowStats, saturated
+from spectune.search.objective import (
+    SMALL_BATCH_CHANGE,
+    Guardrails,
+    Metric,
+    WindowStats,
+    saturated,
+)
 from spectune.search.policy import Decision, DecisionKind, Estimate, TuningContext
 from spectune.search.schedule import epoch_batch, learned_schedule
 
@@ -249,12 +258,12 @@ class SpectunePolicy:
             if not off_runs:
                 second = _second_length(ctx, history, beliefs, tried | set(beliefs.excluded))
             if second is not None:
+                arm, how = second
                 return decision(
                     DecisionKind.TRIAL,
-                    second,
-                    f"measuring {second.name}: the load moved, so the best k moved the same "
-                    f"way, and a second draft length of {second.drafter} gives the plain step "
-                    "and the draft cost at the new load",
+                    arm,
+                    f"measuring {arm.name} rather than off: {how}, and a second draft length "
+                    f"of {arm.drafter} gives the plain step and the draft cost at this load",
                 )
             why = "measuring off to learn what drafting costs"
             if off_runs:
@@ -425,34 +434,83 @@ class SpectunePolicy:
 
 def _second_length(
     ctx: TuningContext, history: History, beliefs: Beliefs, skip: set[str]
-) -> Arm | None:
-    """After a load move, another k of the incumbent's drafter in the direction of the move.
+) -> tuple[Arm, str] | None:
+    """Another k of the incumbent's drafter to measure instead of ``off``, and why.
 
-    The best k can only fall as the batch grows (verification over ``b(k+1)`` tokens) and
-    rise as it shrinks. After a rise the shortest k is measured — the longest lever for the
-    cost line and the likeliest new optimum — or, from ``k = 1``, nothing (``off`` is the
-    next step down). After a fall, the k halfway to the drafter's largest. None as well
-    outside a load epoch, when the incumbent is off or a schedule, its drafter's acceptance
-    is unknown, the pods are saturated (two drafted lengths say nothing about ``off``
-    there), or the wanted k was tried or excluded.
+    Two draft lengths of one drafter give both the plain step and the draft cost
+    (``model._off_from_two_lengths``), and the second may itself be the optimum, where
+    ``off`` seldom is. After a load move the k goes the way of the move: the best k can
+    only fall as the batch grows (verification over ``b(k+1)`` tokens) and rise as it
+    shrinks. After a rise the shortest k is measured — the longest lever for the cost line
+    and the likeliest new optimum — or, from ``k = 1``, nothing (``off`` is the next step
+    down); after a fall, the k halfway to the drafter's largest. Outside a load move it is
+    the shorter k that the incumbent's acceptance curve predicts best at
+    the context's assumed draft cost (:func:`_shorter_length`), or nothing when none beats the
+    incumbent there. None as well when the incumbent is off or a schedule, its drafter's
+    acceptance is unknown, the pods are saturated (two drafted lengths say nothing about
+    ``off`` there), or the wanted k was tried or excluded.
     """
     inc = ctx.incumbent
     d = inc.drafter
-    direction = _load_direction(history)
-    if direction == 0 or d is None or inc.schedule is not None or d not in beliefs.survival:
+    if d is None or inc.schedule is not None or d not in beliefs.survival:
         return None
     if beliefs.saturated:
         return None
     spec = next((x for x in ctx.space.drafters if x.name == d), None)
     if spec is None:
         return None
-    if direction > 0:
+    direction = _load_direction(history)
+    k: int | None
+    if direction == 0:
+        shorter = _shorter_length(ctx, beliefs)
+        if shorter is None:
+            return None
+        k, ratio = shorter
+        why = (
+            f"its acceptance curve, at the draft cost assumed until one is measured "
+            f"(c = {ctx.assumed_draft_cost:g}), puts it at {ratio:.2f}× the incumbent's "
+            f"{ctx.objective.metric.value}"
+        )
+    elif direction > 0:
         k = 1 if inc.k > 1 else None
+        why = "the load rose, so the best k fell"
     else:
         k = math.ceil((inc.k + spec.max_k) / 2) if inc.k < spec.max_k else None
+        why = "the load fell, so the best k rose"
     if k is None or Arm(d, k).name in skip:
         return None
-    return Arm(d, k)
+    return Arm(d, k), why
+
+
+def _shorter_length(ctx: TuningContext, beliefs: Beliefs) -> tuple[int, float] | None:
+    """The shorter k of the incumbent's drafter that its measured acceptance predicts best,
+    with its objective relative to the incumbent's; None when no shorter k beats it by ε
+    (a trial that is not worth a restart on its own).
+
+    Before any draft cost is measured, the per-position curve prices every smaller k at
+    the draft cost assumed until one is measured (``TuningContext.assumed_draft_cost``,
+    ``SPECTUNE_DRAFT_COST``; :func:`~spectune.core.predict_speedup`);
+    for a per-token p95 the tail that the spread of acceptance across requests adds at each
+    k is included (:func:`~spectune.core.tail_ratio`: requests that accept little pay for
+    every drafted position, so the p95's best k sits below the mean's). Only shorter: a
+    setting chosen on an idle box is, under load, at or past the best k, and the counters
+    say nothing about positions beyond the incumbent's.
+    """
+    inc = ctx.incumbent
+    d = inc.drafter or ""
+    curve = beliefs.survival[d][: inc.k]
+    if inc.k < 2 or len(curve) < inc.k:
+        return None
+    table = predict_speedup(np.clip(curve, 0.0, 1.0), ctx.assumed_draft_cost)
+    spread = beliefs.spreads.get(d) if ctx.objective.metric is Metric.TPOT_P95 else None
+
+    def latency(k: int) -> float:
+        tail = tail_ratio(spread, k) if spread is not None else 1.0
+        return tail / float(table.speedup[k])
+
+    best = min(range(1, inc.k), key=latency)
+    ratio = latency(best) / latency(inc.k)
+    return (best, ratio) if ratio * (1 + ctx.epsilon) < 1.0 else None
 
 
 def _load_direction(history: History) -> int:

@@ -21,8 +21,20 @@ from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.model import ArmBelief, Beliefs, build_beliefs
 from spectune.search.objective import Objective, WindowStats, saturated
-from spectune.search.policy import Decision, DecisionKind, DrafterSpec, SearchSpace, TuningContext
-from spectune.search.spectune_policy import SpectunePolicy, guardrail_breach, posterior_draws
+from spectune.search.policy import (
+    ASSUMED_DRAFT_COST,
+    Decision,
+    DecisionKind,
+    DrafterSpec,
+    SearchSpace,
+    TuningContext,
+)
+from spectune.search.spectune_policy import (
+    SpectunePolicy,
+    guardrail_breach,
+    posterior_draws,
+)
+from spectune.settings import Settings
 
 
 @dataclass
@@ -321,13 +333,46 @@ def test_a_queue_p95_inside_the_first_buckets_is_not_saturation() -> None:
     assert saturated(replace(stats, queue_p95=30.0))
 
 
-def test_a_fresh_search_measures_off_first() -> None:
-    world = WORLDS["chat: eagle3 wins at a small k"]
-    incumbent = parse_arm("eagle3/5")
+def _fresh(world: FakeWorld, incumbent: Arm) -> tuple[TuningContext, History]:
+    """A search's first decision: one baseline window of ``incumbent`` alone."""
     history = History(baseline=((0, WindowRecord(0, 300, world.stats(incumbent), None,
                                                   incumbent.name)),))  # fmt: skip
-    ctx = TuningContext(SPACE, Objective(), incumbent, 300.0, max_trials=12, seed=1)
-    assert SpectunePolicy().decide(ctx, history).arm == OFF
+    return TuningContext(SPACE, Objective(), incumbent, 300.0, max_trials=12, seed=1), history
+
+
+def test_a_fresh_search_measures_off_first_when_no_shorter_k_looks_better() -> None:
+    # eagle3/5 keeps 0.8 of its tokens: at the assumed c = 0.1 no shorter k beats it by ε.
+    ctx, history = _fresh(WORLDS["chat: eagle3 wins at a small k"], parse_arm("eagle3/5"))
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.arm == OFF and "measuring off" in d.reason
+
+
+def test_a_fresh_search_from_a_long_k_measures_the_shorter_k_its_acceptance_favours() -> None:
+    # From eagle3/8 the per-position counters put eagle3/4 ahead at the assumed draft cost
+    # (its last positions are accepted too rarely to pay): that trial, not off, comes first,
+    # and with it the model prices off from two lengths — the search never runs off.
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    incumbent = parse_arm("eagle3/8")
+    ctx, history = _fresh(world, incumbent)
+    policy = SpectunePolicy()
+    first = policy.decide(ctx, history)
+    assert first.kind is DecisionKind.TRIAL and first.arm == parse_arm("eagle3/4")
+    assert "rather than off" in first.reason and "c = 0.1" in first.reason
+    trial = TrialRecord("eagle3/4", incumbent.name, 0, 300.0).with_window(
+        WindowRecord(480, 780, world.stats(incumbent), world.stats(first.arm), incumbent.name)
+    )
+    after = policy.decide(replace(ctx, now_s=780.0), history.add_trial(trial))
+    off = after.estimates["off"]
+    assert not off.measured
+    assert off.value == pytest.approx(world.tpot(OFF) / world.tpot(incumbent), rel=0.05)
+    # A drafter whose acceptance was never seen is still tried before the search stops.
+    _, done, _ = run_policy(world, incumbent)
+    arms = [t.arm for t in done.in_epoch()]
+    assert arms[0] == "eagle3/4" and "ngram/8" in arms
+
+
+def test_the_assumed_draft_cost_is_the_operators_default() -> None:
+    assert Settings().draft_cost == ASSUMED_DRAFT_COST
 
 
 def test_after_the_load_rose_a_shorter_k_is_measured_then_off() -> None:
