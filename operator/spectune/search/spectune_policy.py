@@ -239,9 +239,9 @@ class SpectunePolicy:
             return decision(DecisionKind.PROMOTE, leader, f"trial budget of {ctx.max_trials} spent")
 
         # 1. Evidence the model needs before it can predict. What drafting costs follows
-        # from `off`, or — after a load move, when the direction of the best k is known —
-        # from another k of the incumbent's drafter that way (two lengths give the plain
-        # step and the draft cost; model.py), a trial that may itself be the new optimum.
+        # from `off`, or from another k of the incumbent's drafter (two lengths give the
+        # plain step and the draft cost; model.py) — the way a load move went, or a shorter
+        # one that the incumbent's counters favour — a trial that may itself be the optimum.
         # An `off` measured earlier in this search at another load (an epoch spans loads up
         # to the load-move factor apart, and a measured arm is judged at the current one)
         # leaves the model as blind as none: it is measured again, up to the arm's cap —
@@ -444,11 +444,11 @@ def _second_length(
     shrinks. After a rise the shortest k is measured — the longest lever for the cost line
     and the likeliest new optimum — or, from ``k = 1``, nothing (``off`` is the next step
     down); after a fall, the k halfway to the drafter's largest. Outside a load move it is
-    the shorter k that the incumbent's acceptance curve predicts best at
-    the context's assumed draft cost (:func:`_shorter_length`), or nothing when none beats the
-    incumbent there. None as well when the incumbent is off or a schedule, its drafter's
-    acceptance is unknown, the pods are saturated (two drafted lengths say nothing about
-    ``off`` there), or the wanted k was tried or excluded.
+    the shorter k that the incumbent's acceptance curve predicts best at the draft cost
+    assumed until one is measured (:func:`_shorter_length`), or nothing when none beats
+    the incumbent there. None as well when the incumbent is off or a schedule, its
+    drafter's acceptance is unknown, the pods are saturated (two drafted lengths say
+    nothing about ``off`` there), or the wanted k was tried or excluded.
     """
     inc = ctx.incumbent
     d = inc.drafter
@@ -488,13 +488,13 @@ def _shorter_length(ctx: TuningContext, beliefs: Beliefs) -> tuple[int, float] |
     (a trial that is not worth a restart on its own).
 
     Before any draft cost is measured, the per-position curve prices every smaller k at
-    the draft cost assumed until one is measured (``TuningContext.assumed_draft_cost``,
-    ``SPECTUNE_DRAFT_COST``; :func:`~spectune.core.predict_speedup`);
-    for a per-token p95 the tail that the spread of acceptance across requests adds at each
-    k is included (:func:`~spectune.core.tail_ratio`: requests that accept little pay for
-    every drafted position, so the p95's best k sits below the mean's). Only shorter: a
-    setting chosen on an idle box is, under load, at or past the best k, and the counters
-    say nothing about positions beyond the incumbent's.
+    the assumed one (``TuningContext.assumed_draft_cost``, ``SPECTUNE_DRAFT_COST``;
+    :func:`~spectune.core.predict_speedup`); for a per-token p95 the tail that the spread
+    of acceptance across requests adds at each k is included
+    (:func:`~spectune.core.tail_ratio`: requests that accept little pay for every drafted
+    position, so the p95's best k sits below the mean's). Only shorter: a setting chosen
+    on an idle box is, under load, at or past the best k, and the counters say nothing
+    about positions beyond the incumbent's.
     """
     inc = ctx.incumbent
     d = inc.drafter or ""
