@@ -43,7 +43,8 @@ Guardrails close a trial within its first window when the canary's TTFT p95 or q
 p95 is worse than the incumbent's beyond the tolerance with confidence (the canary's lower
 bound above the incumbent's upper bound); the arm is never proposed again this epoch. In a
 trial's first window a balancer's catch-up burst large enough to be the canary's tail is
-set aside: the canary is judged on its p90s there (:func:`catch_up_burst`). An
+set aside: the canary is judged on its p90s there (:func:`catch_up_burst`), or not at all
+when the burst fills the p90's tail too (:data:`UNJUDGED_SHARE`). An
 arm that cannot start excludes its drafter (its memory, not its ``k``, is the problem).
 
 References
@@ -75,7 +76,13 @@ from spectune.search.objective import (
 from spectune.search.policy import Decision, DecisionKind, Estimate, TuningContext
 from spectune.search.schedule import epoch_batch, learned_schedule
 
-__all__ = ["SpectunePolicy", "catch_up_burst", "guardrail_breach", "posterior_draws"]
+__all__ = [
+    "SpectunePolicy",
+    "burst_share",
+    "catch_up_burst",
+    "guardrail_breach",
+    "posterior_draws",
+]
 
 #: An arm already tried this often in an epoch is not restarted again as a challenger.
 MAX_TRIALS_PER_ARM = 2
@@ -98,6 +105,10 @@ SAMPLES = 4000
 #: Share of a canary's first-window requests from the balancer's catch-up burst at which
 #: the burst fills half of the 5 % tail a p95 reads (:func:`catch_up_burst`).
 CATCH_UP_SHARE = 0.025
+#: ...and at which it fills half of the 10 % tail a p90 reads as well: no quantile the
+#: window reports can set the burst aside, so its guardrails are not judged (the next
+#: window's are).
+UNJUDGED_SHARE = 2 * CATCH_UP_SHARE
 #: Seconds added to a tolerance so that a p95 near zero (no queueing) cannot "regress" on
 #: noise: the resolution of vLLM's smallest latency buckets.
 ABSOLUTE_SLACK_S = 0.01
@@ -114,9 +125,30 @@ def catch_up_burst(can: WindowStats, inc: WindowStats) -> bool:
     5 % tail, and its p95 says how the burst went, not how the arm serves. (Under a random
     balancer, as kube-proxy's, there is no burst and the p90 is merely a milder reading.)
     """
+    return burst_share(can, inc) >= CATCH_UP_SHARE
+
+
+def burst_share(can: WindowStats, inc: WindowStats) -> float:
+    """The catch-up burst's share of a canary's first-window requests (0 when unknown):
+    about the incumbent's running batch per canary pod (:func:`catch_up_burst`)."""
     if not can.requests > 0 or math.isnan(inc.running):
-        return False
-    return inc.running * max(can.pods, 1) / can.requests >= CATCH_UP_SHARE
+        return 0.0
+    return inc.running * max(can.pods, 1) / can.requests
+
+
+def _unjudged(t: TrialRecord) -> str:
+    """What a trial's record says when its first window was not judged on guardrails
+    (:data:`UNJUDGED_SHARE`); empty otherwise."""
+    first = t.windows[0] if t.windows else None
+    if first is None or first.canary is None or first.incumbent is None:
+        return ""
+    share = burst_share(first.canary, first.incumbent)
+    if share < UNJUDGED_SHARE:
+        return ""
+    return (
+        f"guardrails not judged in the first window: the balancer's catch-up burst was "
+        f"about {share:.0%} of its requests"
+    )
 
 
 def guardrail_breach(
@@ -126,8 +158,14 @@ def guardrail_breach(
 
     ``first``: the trial's first window. When it holds a catch-up burst
     (:func:`catch_up_burst`), the canary is judged on its p90s against the incumbent's
-    p95s: the burst, at most the top few percent of its requests, is set aside.
+    p95s: the burst, at most the top few percent of its requests, is set aside. A burst of
+    :data:`UNJUDGED_SHARE` or more fills the p90's tail too (a saturated service runs
+    hundreds of requests per pod: load-ramp at 10 requests/s sent a new pod 238 at once,
+    a quarter of its window), and that window is not judged: its p90 says how the burst
+    went, and aborting on it would exclude ``off`` where ``off`` is the answer.
     """
+    if first and burst_share(can, inc) >= UNJUDGED_SHARE:
+        return None
     burst = first and catch_up_burst(can, inc)
     checks = (
         ("TTFT", g.max_ttft_p95_regression, can.ttft_p90_low if burst else can.ttft_p95_low,
@@ -177,7 +215,7 @@ class SpectunePolicy:
                 return self._next(ctx, history, end, f"guardrail: {why}", None)
             # Keep the running trial's windows in the evidence while deciding whether one
             # more window of it (no restart) is worth more than moving on.
-            return self._next(ctx, history, end, "", running)
+            return self._next(ctx, history, end, _unjudged(running), running)
         return self._next(ctx, history, end, "", None)
 
     # -- a running trial -------------------------------------------------------------------

@@ -540,6 +540,40 @@ def test_a_catch_up_burst_in_a_canarys_first_window_is_not_a_guardrail_breach() 
     assert d.end_running is Outcome.ABORTED and "TTFT p95" in d.reason
 
 
+def test_a_burst_that_fills_the_p90s_tail_leaves_the_first_window_unjudged() -> None:
+    # Pods full at 238 running requests each: off's canary was sent about 238 at once, a
+    # quarter of its first window. Its p90 is the burst's as much as its p95 (1.0 s against
+    # the incumbent's 0.47 s): that window is not judged, and the trial's record says so;
+    # the same tail in the second window, with no burst to explain it, is aborted.
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    inc_arm = parse_arm("eagle3/5")
+    inc = replace(
+        world.stats(inc_arm), running=238.0, requests=2000,
+        ttft_p95=0.466, ttft_p95_low=0.45, ttft_p95_high=0.48,
+    )  # fmt: skip
+    can = replace(
+        world.stats(OFF), requests=1000, pods=1,
+        ttft_p95=1.0, ttft_p95_low=0.9, ttft_p95_high=1.1, ttft_p90_low=0.8,
+    )  # fmt: skip
+    g = Objective().guardrails
+    assert guardrail_breach(can, inc, g, first=True) is None
+    assert guardrail_breach(can, inc, g) is not None
+    # At 4 % of the window the p90 still sets the burst aside, and it is slow: aborted.
+    assert "TTFT p90" in (guardrail_breach(can, replace(inc, running=40.0), g, True) or "")
+
+    history = History(baseline=((0, WindowRecord(0, 300, inc, None, inc_arm.name)),))
+    trial = TrialRecord(OFF.name, inc_arm.name, 0, 300.0)
+    ctx = TuningContext(SPACE, Objective(), inc_arm, 780.0, max_trials=12, seed=1)
+    one = trial.with_window(WindowRecord(480, 780, inc, can, inc_arm.name))
+    d = SpectunePolicy().decide(ctx, history.add_trial(one))
+    assert d.end_running is Outcome.MEASURED
+    assert "guardrails not judged in the first window" in d.reason
+    assert "burst was about 24% of its requests" in d.reason
+    two = one.with_window(WindowRecord(780, 1080, inc, can, inc_arm.name))
+    d = SpectunePolicy().decide(replace(ctx, now_s=1080.0), history.add_trial(two))
+    assert d.end_running is Outcome.ABORTED and "TTFT p95" in d.reason
+
+
 def _saturated_incumbent_history(
     leader_blocks: int,
     ratio: float = 0.97,
