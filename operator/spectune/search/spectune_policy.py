@@ -280,21 +280,8 @@ class SpectunePolicy:
         # from `off`, or from another k of the incumbent's drafter (two lengths give the
         # plain step and the draft cost; model.py) — the way a load move went, or a shorter
         # one that the incumbent's counters favour — a trial that may itself be the optimum.
-        # An `off` measured earlier in this search at another load (an epoch spans loads up
-        # to the load-move factor apart, and a measured arm is judged at the current one)
-        # leaves the model as blind as none: it is measured again, up to the arm's cap —
-        # else off would drop out of the race and the search could stop without it.
-        off_runs = attempts.get(OFF.name, 0)
-        off_running = running is not None and running.arm == OFF.name
-        if (
-            beliefs.needs_off
-            and OFF.name not in beliefs.excluded
-            and off_runs < MAX_TRIALS_PER_ARM
-            and not off_running
-        ):
-            second = None
-            if not off_runs:
-                second = _second_length(ctx, history, beliefs, tried | set(beliefs.excluded))
+        if beliefs.needs_off and OFF.name not in tried and OFF.name not in beliefs.excluded:
+            second = _second_length(ctx, history, beliefs, tried | set(beliefs.excluded))
             if second is not None:
                 arm, how = second
                 return decision(
@@ -304,12 +291,6 @@ class SpectunePolicy:
                     f"of {arm.drafter} gives the plain step and the draft cost at this load",
                 )
             why = "measuring off to learn what drafting costs"
-            if off_runs:
-                why = (
-                    "measuring off again to learn what drafting costs at this load: its "
-                    "windows of this search ran at another load, and draft costs move with "
-                    "the batch"
-                )
             if beliefs.saturated:
                 why += (
                     ": the pods are saturated (requests queue for many steps), so drafted "

@@ -198,36 +198,6 @@ def test_without_per_position_data_it_tries_neighbouring_k() -> None:
     assert trials >= trials_with
 
 
-def test_off_measured_at_another_load_is_measured_again_before_stopping() -> None:
-    # One search from eagle3/1: off ran at 4 requests per pod, then the load grew and
-    # ngram/8 ran at 60. Off's window says nothing about draft costs at 60, and no second
-    # length of eagle3 was measured: the search looks at off again rather than stop
-    # without it.
-    world = WORLDS["chat: eagle3 wins at a small k"]
-    inc = parse_arm("eagle3/1")
-
-    def at(arm: Arm, running: float) -> WindowStats:
-        return replace(world.stats(arm), running=running)
-
-    history = History(
-        baseline=((0, WindowRecord(0, 300, at(inc, 4.0), None, inc.name)),),
-        trials=(
-            TrialRecord("off", inc.name, 0, 300.0, Outcome.MEASURED, "1 window(s)", (
-                WindowRecord(480, 780, at(inc, 4.0), at(OFF, 4.0), inc.name),)),
-            TrialRecord("ngram/8", inc.name, 0, 780.0, Outcome.MEASURED, "1 window(s)", (
-                WindowRecord(960, 1260, at(inc, 60.0), at(parse_arm("ngram/8"), 60.0),
-                             inc.name),)),
-        ),
-    )  # fmt: skip
-    ctx = TuningContext(SPACE, Objective(), inc, 1260.0, max_trials=12, seed=1)
-    d = SpectunePolicy().decide(ctx, history)
-    assert d.kind is DecisionKind.TRIAL and d.arm == OFF
-    assert "measuring off again" in d.reason
-    # Twice is the cap for any arm in one search.
-    twice = history.add_trial(replace(history.trials[0], started_s=1260.0))
-    assert SpectunePolicy().decide(replace(ctx, now_s=1800.0), twice).arm != OFF
-
-
 def _load_epoch_history(
     world: FakeWorld, inc: Arm, first: float = 4.0, last: float = 60.0
 ) -> History:
