@@ -8,8 +8,11 @@ traffic: a change to the policy can lift that draw and sink others. This script 
 policy on every shipped scenario and on :data:`VARIANTS` — the same worlds moved to another
 regime (busier, more replicas, the ramp the other way, an 8B target whose requests accept
 alike), as the unseen scenarios of the issue's evaluation would be — over many seeds (the
-file's own, then 11–20 by default). Each run goes through ``spectune.bench.runner.run_bench``
-(the code of ``spectune bench``); the oracles are cached as there.
+file's own, then 11–20 by default; ``--seeds file,11-40`` narrows a mean's noise 1.7×
+more, in about four minutes once its oracles are cached, half an hour before). Each run
+goes through ``spectune.bench.runner.run_bench`` (the code of ``spectune bench``); the
+oracles are cached as there. A single run swings between 0.2 and 1.0 on a small change of
+timing, so quote a change by its runs up and down and its mean over all of them.
 
 Prints one row per scenario (median, minimum and mean efficiency, mean run_efficiency,
 mean trials, runs whose guardrail breach exceeds one window per trial) and the totals.
