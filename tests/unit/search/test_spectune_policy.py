@@ -473,22 +473,45 @@ def test_a_prediction_moves_with_the_measured_arm_it_was_read_from() -> None:
     assert np.mean(tied < -tol) > 0.99 and np.mean(free < -tol) < 0.85
 
 
+def _burst_pair(
+    running: float, inc_requests: float, can_requests: float, p90_low: float
+) -> tuple[Arm, WindowStats, WindowStats]:
+    """off's canary in its first window beside eagle3/5 pods running ``running`` requests
+    each: its TTFT p95 1.0 s against the incumbent's 0.47 s, its p90 at least ``p90_low``."""
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    inc_arm = parse_arm("eagle3/5")
+    inc = replace(
+        world.stats(inc_arm), running=running, requests=inc_requests,
+        ttft_p95=0.466, ttft_p95_low=0.45, ttft_p95_high=0.48,
+    )  # fmt: skip
+    can = replace(
+        world.stats(OFF), requests=can_requests, pods=1,
+        ttft_p95=1.0, ttft_p95_low=0.9, ttft_p95_high=1.1, ttft_p90_low=p90_low,
+    )  # fmt: skip
+    return inc_arm, inc, can
+
+
+def _after_one_and_two_windows(
+    inc_arm: Arm, inc: WindowStats, can: WindowStats
+) -> tuple[Decision, Decision]:
+    """The policy's decisions after the trial of off ran one window, and after two alike."""
+    history = History(baseline=((0, WindowRecord(0, 300, inc, None, inc_arm.name)),))
+    trial = TrialRecord(OFF.name, inc_arm.name, 0, 300.0)
+    ctx = TuningContext(SPACE, Objective(), inc_arm, 780.0, max_trials=12, seed=1)
+    one = trial.with_window(WindowRecord(480, 780, inc, can, inc_arm.name))
+    first = SpectunePolicy().decide(ctx, history.add_trial(one))
+    two = one.with_window(WindowRecord(780, 1080, inc, can, inc_arm.name))
+    second = SpectunePolicy().decide(replace(ctx, now_s=1080.0), history.add_trial(two))
+    return first, second
+
+
 def test_a_catch_up_burst_in_a_canarys_first_window_is_not_a_guardrail_breach() -> None:
     # off's canary became ready beside pods running 30 requests each: a least-outstanding
     # balancer sent it about 30 requests at once, 5 % of its window, and they prefilled
     # together. Its TTFT p95 is the burst's (1.0 s against the incumbent's 0.47 s); its p90
     # is the incumbent's. The first window is not aborted; the same tail in a later window,
     # with no burst to explain it, is.
-    world = WORLDS["chat: eagle3 wins at a small k"]
-    inc_arm = parse_arm("eagle3/5")
-    inc = replace(
-        world.stats(inc_arm), running=30.0, requests=1300,
-        ttft_p95=0.466, ttft_p95_low=0.45, ttft_p95_high=0.48,
-    )  # fmt: skip
-    can = replace(
-        world.stats(OFF), requests=640, pods=1,
-        ttft_p95=1.0, ttft_p95_low=0.9, ttft_p95_high=1.1, ttft_p90_low=0.42,
-    )  # fmt: skip
+    inc_arm, inc, can = _burst_pair(30.0, 1300, 640, p90_low=0.42)
     g = Objective().guardrails
     assert guardrail_breach(can, inc, g, first=True) is None
     assert "TTFT p95 1.000s vs incumbent 0.466s" in (guardrail_breach(can, inc, g) or "")
@@ -499,15 +522,9 @@ def test_a_catch_up_burst_in_a_canarys_first_window_is_not_a_guardrail_breach() 
     assert guardrail_breach(can, replace(inc, running=6.0), g, first=True) is not None
 
     # Through the policy: the first window goes on, the second is aborted.
-    history = History(baseline=((0, WindowRecord(0, 300, inc, None, inc_arm.name)),))
-    trial = TrialRecord(OFF.name, inc_arm.name, 0, 300.0)
-    ctx = TuningContext(SPACE, Objective(), inc_arm, 780.0, max_trials=12, seed=1)
-    one = trial.with_window(WindowRecord(480, 780, inc, can, inc_arm.name))
-    d = SpectunePolicy().decide(ctx, history.add_trial(one))
-    assert d.end_running is not Outcome.ABORTED, d.reason
-    two = one.with_window(WindowRecord(780, 1080, inc, can, inc_arm.name))
-    d = SpectunePolicy().decide(replace(ctx, now_s=1080.0), history.add_trial(two))
-    assert d.end_running is Outcome.ABORTED and "TTFT p95" in d.reason
+    first, second = _after_one_and_two_windows(inc_arm, inc, can)
+    assert first.end_running is not Outcome.ABORTED, first.reason
+    assert second.end_running is Outcome.ABORTED and "TTFT p95" in second.reason
 
 
 def test_a_burst_that_fills_the_p90s_tail_leaves_the_first_window_unjudged() -> None:
@@ -515,33 +532,18 @@ def test_a_burst_that_fills_the_p90s_tail_leaves_the_first_window_unjudged() -> 
     # quarter of its first window. Its p90 is the burst's as much as its p95 (1.0 s against
     # the incumbent's 0.47 s): that window is not judged, and the trial's record says so;
     # the same tail in the second window, with no burst to explain it, is aborted.
-    world = WORLDS["chat: eagle3 wins at a small k"]
-    inc_arm = parse_arm("eagle3/5")
-    inc = replace(
-        world.stats(inc_arm), running=238.0, requests=2000,
-        ttft_p95=0.466, ttft_p95_low=0.45, ttft_p95_high=0.48,
-    )  # fmt: skip
-    can = replace(
-        world.stats(OFF), requests=1000, pods=1,
-        ttft_p95=1.0, ttft_p95_low=0.9, ttft_p95_high=1.1, ttft_p90_low=0.8,
-    )  # fmt: skip
+    inc_arm, inc, can = _burst_pair(238.0, 2000, 1000, p90_low=0.8)
     g = Objective().guardrails
     assert guardrail_breach(can, inc, g, first=True) is None
     assert guardrail_breach(can, inc, g) is not None
     # At 4 % of the window the p90 still sets the burst aside, and it is slow: aborted.
     assert "TTFT p90" in (guardrail_breach(can, replace(inc, running=40.0), g, True) or "")
 
-    history = History(baseline=((0, WindowRecord(0, 300, inc, None, inc_arm.name)),))
-    trial = TrialRecord(OFF.name, inc_arm.name, 0, 300.0)
-    ctx = TuningContext(SPACE, Objective(), inc_arm, 780.0, max_trials=12, seed=1)
-    one = trial.with_window(WindowRecord(480, 780, inc, can, inc_arm.name))
-    d = SpectunePolicy().decide(ctx, history.add_trial(one))
-    assert d.end_running is Outcome.MEASURED
-    assert "guardrails not judged in the first window" in d.reason
-    assert "burst was about 24% of its requests" in d.reason
-    two = one.with_window(WindowRecord(780, 1080, inc, can, inc_arm.name))
-    d = SpectunePolicy().decide(replace(ctx, now_s=1080.0), history.add_trial(two))
-    assert d.end_running is Outcome.ABORTED and "TTFT p95" in d.reason
+    first, second = _after_one_and_two_windows(inc_arm, inc, can)
+    assert first.end_running is Outcome.MEASURED
+    assert "guardrails not judged in the first window" in first.reason
+    assert "burst was about 24% of its requests" in first.reason
+    assert second.end_running is Outcome.ABORTED and "TTFT p95" in second.reason
 
 
 def _saturated_incumbent_history(
