@@ -25,10 +25,13 @@ measured so far. Then:
    visit arms to learn them; BanditSpec, Hou et al. 2025, is UCB-style over a small set).
    An arm whose chance of beating the leader by ε is below δ is not worth a restart, so
    when no challenger reaches δ the leader is promoted. A leader that beats the incumbent
-   by ε with confidence is promoted at once and the search goes on against it; when the
-   incumbent saturates alone and the leader has a KV pool as large, being faster per token
-   with that confidence suffices, unless the trials show it behind with confidence (the
-   target's load widens the lead, :func:`_amplified`); and while a load move that
+   by ε with confidence is promoted at once and the search goes on against it — unless an
+   untried arm that the model reads off the measured ones beats the leader by ε with
+   confidence, by at least as much as the leader beats the incumbent: that arm is tried
+   first, which saves a rollout (:func:`_sure_refinement`). When the incumbent saturates
+   alone and the leader has a KV pool as large, being faster per token with that
+   confidence suffices, unless the trials show it behind with confidence (the target's
+   load widens the lead, :func:`_amplified`); and while a load move that
    re-opened the search goes on, beating it at all suffices for a leader that drafts less
    than the incumbent as the load rises, or more as it falls (:func:`_load_favours`).
    The arm on the canary is extended by another window (no restart) while it is in the
@@ -385,6 +388,22 @@ class SpectunePolicy:
                     f"{leader.name} beats the incumbent {ctx.incumbent.name} with probability "
                     f"{better:.2f} (no margin: {moving})"
                 )
+            sure = _sure_refinement(beliefs, names, beats, tried, ctx, leader)
+            if better >= 1 - ctx.delta and sure is not None and faster is None and moving is None:
+                # An arm read off the measured ones beats this leader by ε with confidence,
+                # by at least as much as the leader beats the incumbent: the search would
+                # promote it next, so it is tried first. One rollout fewer, the answer one
+                # trial sooner; the leader stays the fallback. (A lead that the target's
+                # load widens, the two shortcuts above, is larger than measured: promoted.)
+                sb = beliefs.arms[sure.name]
+                return decision(
+                    DecisionKind.TRIAL,
+                    sure,
+                    f"{why}, but {sure.name} beats {leader.name} by {ctx.epsilon:.0%} with "
+                    f"probability {beats[names.index(sure.name)]:.2f}, by more than "
+                    f"{leader.name} beats the incumbent: trying {sure.name} before promoting "
+                    f"either ({_describe(sb, minimise, ctx)}; {_describe(lb, minimise, ctx)})",
+                )
             if better >= 1 - ctx.delta:
                 return Decision(
                     DecisionKind.PROMOTE,
@@ -449,6 +468,35 @@ class SpectunePolicy:
             f"{challenger.name} may beat {leader.name} by {ctx.epsilon:.0%} "
             f"(P = {beats[ci]:.2f}): {_describe(cb, minimise, ctx)}",
         )
+
+
+def _sure_refinement(
+    beliefs: Beliefs,
+    names: list[str],
+    beats: np.ndarray,
+    tried: set[str],
+    ctx: TuningContext,
+    leader: Arm,
+) -> Arm | None:
+    """The untried, predicted arm that beats ``leader`` by ε with probability ≥ 1 − δ and
+    whose expected gain over it is at least the leader's own over the incumbent (the
+    incumbent's log ratio is 0, so: loss ≤ 2 · the leader's loss); the best such, or None.
+
+    ``beats[i]`` is arm ``names[i]``'s probability of beating the leader by ε. A wide prior
+    (a drafter never seen) cannot be that sure; a prediction anchored on a measured arm of
+    the same drafter, the per-position curve read at a shorter k, can.
+    """
+    bound = 2 * beliefs.arms[leader.name].loss
+    pool = [
+        beliefs.arms[n]
+        for i, n in enumerate(names)
+        if n not in (leader.name, ctx.incumbent.name)
+        and n not in tried
+        and not beliefs.arms[n].measured
+        and beats[i] >= 1 - ctx.delta
+        and beliefs.arms[n].loss <= bound
+    ]
+    return min(pool, key=lambda x: (x.loss, x.arm.k)).arm if pool else None
 
 
 def _second_length(

@@ -584,6 +584,43 @@ def _saturated_incumbent_history(
     return ctx, history.add_trial(trial), leader
 
 
+EAGLE_ONLY = SearchSpace((DrafterSpec("eagle3", "eagle3", 8),))
+
+
+def _after_eagle3_8_from_off(world: FakeWorld) -> Decision:
+    """The decision after one window of eagle3/8 on the canary against off."""
+    history = History(baseline=((0, WindowRecord(0, 300, world.stats(OFF), None, "off")),))
+    trial = TrialRecord("eagle3/8", OFF.name, 0, 300.0).with_window(
+        WindowRecord(480, 780, world.stats(OFF), world.stats(parse_arm("eagle3/8")), "off")
+    )
+    ctx = TuningContext(EAGLE_ONLY, Objective(), OFF, 780.0, max_trials=12, seed=1)
+    return SpectunePolicy().decide(ctx, history.add_trial(trial))
+
+
+def test_a_sure_winner_is_tried_before_a_leader_it_beats_by_more_than_the_lead() -> None:
+    # eagle3/8 is 0.82× off's latency, sure; its own counters put eagle3/2 at 0.62× off,
+    # 0.76× eagle3/8 — a larger step than eagle3/8's over off. Promoting eagle3/8 would
+    # cost a rollout that the promotion of eagle3/2 would follow at once.
+    world = FakeWorld({"eagle3": (0.6, 0.9, 0.1)})
+    d = _after_eagle3_8_from_off(world)
+    assert d.kind is DecisionKind.TRIAL and d.arm is not None, d.reason
+    assert d.arm.drafter == "eagle3" and d.arm.k <= 3, d.reason
+    assert "eagle3/8 beats the incumbent off" in d.reason and "before promoting" in d.reason
+    # The whole search: the short k is found without eagle3/8 ever being rolled out.
+    found, history, _ = run_policy(world, OFF, EAGLE_ONLY)
+    assert world.tpot(found) <= 1.02 * world.tpot(world.best(EAGLE_ONLY))
+    assert "eagle3/8" not in [arm for _, arm in history.promotions]
+
+
+def test_a_sure_leader_is_promoted_when_the_refinement_is_smaller_than_its_lead() -> None:
+    # eagle3/8 is 0.43× off's latency; the best k, eagle3/5, only 0.94× eagle3/8: users get
+    # eagle3/8's gain now and the search goes on against it.
+    world = FakeWorld({"eagle3": (0.8, 0.97, 0.08)})
+    d = _after_eagle3_8_from_off(world)
+    assert d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("eagle3/8"), d.reason
+    assert not d.final and "promoting it while the search goes on" in d.reason
+
+
 def test_a_lead_over_an_incumbent_that_saturates_alone_is_promoted_without_the_margin() -> None:
     # A 3 % lead is sure, one past ε = 2 % is not; but the incumbent queues at the target's
     # load and eagle3/2, faster per token with a larger KV pool, will not: the lead widens.
