@@ -29,7 +29,8 @@ measured so far. Then:
    untried arm that the model reads off the measured ones beats the leader by ε with
    confidence, by at least as much as the leader beats the incumbent: that arm is tried
    first, which saves a rollout (:func:`_sure_refinement`). When the incumbent saturates
-   alone and the leader has a KV pool as large, being faster per token with that
+   alone (or, on an objective that counts the queue, queues longer alone than beside the
+   canary) and the leader has a KV pool as large, being faster per token with that
    confidence suffices, unless the trials show it behind with confidence (the target's
    load widens the lead, :func:`_amplified`); and while a load move that
    re-opened the search goes on, beating it at all suffices for a leader that drafts less
@@ -362,7 +363,8 @@ class SpectunePolicy:
             )
             unsure = better < 1 - ctx.delta and ii >= 0
             ahead = float(np.mean(draws[:, li] < draws[:, ii])) if unsure else math.nan
-            faster = _amplified(history, ctx.incumbent.name, leader.name) if unsure else None
+            amp = _amplified(history, ctx.incumbent.name, leader.name, ctx.objective.metric)
+            faster, alone_how = amp if unsure and amp is not None else (None, "")
             if faster is not None:
                 # The lead at the target's load follows from the per-token lead, measured
                 # to a percent per window, not from the trials' p95s at a lighter load,
@@ -372,7 +374,7 @@ class SpectunePolicy:
                     better = max(ahead, faster)
                 why = (
                     f"{leader.name} beats the incumbent {ctx.incumbent.name} at the target's "
-                    f"load (no margin: the incumbent saturates alone, and {leader.name}, with "
+                    f"load (no margin: the incumbent {alone_how} alone, and {leader.name}, with "
                     f"a KV pool as large, is faster per token with probability {faster:.2f} "
                     f"and ahead in the trials with probability {ahead:.2f})"
                 )
@@ -731,18 +733,23 @@ def _describe(x: ArmBelief, minimise: bool, ctx: TuningContext) -> str:
     )
 
 
-def _amplified(history: History, incumbent: str, leader: str) -> float | None:
+def _amplified(
+    history: History, incumbent: str, leader: str, metric: Metric
+) -> tuple[float, str] | None:
     """The probability that the leader serves a token faster than the incumbent, when the
-    incumbent's load will widen that lead into one on the objective; else None.
+    incumbent's load will widen that lead into one on the objective, and how the
+    incumbent's window alone showed that load ("saturates" or "queues"); else None.
 
     Canary pods are added beside the target's, so trials run below the load the target
     carries alone. When the incumbent's last window alone was saturated (requests queued
-    for many steps, :func:`~spectune.search.objective.saturated`) and the leader, on the
-    canary, was not, serves each token faster than the incumbent beside it and has a KV
-    pool at least as large, then at the target's load the leader runs a smaller batch
-    and admits at least as many requests: it queues less, and the lead the trial showed
-    is the least it will have there (kv-pressure on two replicas: eagle3/3 measured at
-    0.91× a saturating draft7b/4's e2e p95 in trials is 0.67× at the target's load). The
+    for many steps, :func:`~spectune.search.objective.saturated`) — or, for an objective
+    that counts the queue, queued longer than beside the leader's canary with confidence
+    (:func:`_queues_alone`) — and the leader, on the canary, was not saturated, serves each
+    token faster than the incumbent beside it and has a KV pool at least as large, then at
+    the target's load the leader runs a smaller batch and admits at least as many
+    requests: it queues less, and the lead the trial showed is the least it will have
+    there (kv-pressure on two replicas: eagle3/3 measured at 0.91× a saturating
+    draft7b/4's e2e p95 in trials is 0.67× at the target's load). The
     ε margin, which asks a change to be worth its restart, is then met by that
     amplification, and what decides is whether the leader is faster per token at all:
     the mean per-token latency of thousands of tokens, whose ratio varies by
@@ -756,7 +763,13 @@ def _amplified(history: History, incumbent: str, leader: str) -> float | None:
         for w in history.baseline_windows()
         if w.incumbent is not None and w.incumbent_arm == incumbent
     ]
-    if not alone or not saturated(alone[-1]):
+    if not alone:
+        return None
+    if saturated(alone[-1]):
+        how = "saturates"
+    elif _queues_alone(history, incumbent, leader, alone[-1], metric):
+        how = "queues"
+    else:
         return None
     logs: list[float] = []
     for t in history.in_epoch():
@@ -778,4 +791,33 @@ def _amplified(history: History, incumbent: str, leader: str) -> float | None:
         return None
     sd = float(np.std(logs, ddof=1)) if len(logs) > 1 else 0.0
     se = max(sd, MEASURED_FLOOR) / math.sqrt(len(logs))
-    return 0.5 * math.erfc(mean / se / math.sqrt(2))
+    return 0.5 * math.erfc(mean / se / math.sqrt(2)), how
+
+
+def _queues_alone(
+    history: History, incumbent: str, leader: str, alone: WindowStats, metric: Metric
+) -> bool:
+    """Whether the incumbent alone queued longer than beside the leader's canary, with
+    confidence, on an objective that counts the queue (e2e or TTFT p95).
+
+    The lower end of the queue p95's interval in its last window alone lies above the
+    upper end in every window of the leader's trial: the queue grows with the load, so the
+    target's load is on the rising part of the queueing curve, where the wait grows like
+    ρ/(1 − ρ) with the utilisation ρ, and an arm that needs less time per token (lower ρ)
+    gains more there than at the trial's lighter load. Short of saturation, so the
+    incumbent's batch still measures its speed (kv-pressure, seed 16: draft7b/4's queue
+    p95 1.3 s alone and 0.4 s beside eagle3/3's canary, with eagle3/3 at 0.86–0.92× on
+    the trials' e2e p95 — and 0.64× at the target's load in the bench's oracle, on the
+    scenario's own seed). A TPOT objective leaves the queue out, and a larger batch costs
+    a drafting arm more per token (SmartSpec): no such premise there.
+    """
+    if metric not in (Metric.E2E_P95, Metric.TTFT_P95) or math.isnan(alone.queue_p95_low):
+        return False
+    beside = [
+        w.incumbent.queue_p95_high
+        for t in history.in_epoch()
+        if t.arm == leader and t.incumbent == incumbent
+        for w in t.windows
+        if w.incumbent is not None and w.canary is not None
+    ]
+    return bool(beside) and all(alone.queue_p95_low > h for h in beside)

@@ -20,7 +20,7 @@ import pytest
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.model import ArmBelief, Beliefs, build_beliefs
-from spectune.search.objective import Objective, WindowStats, saturated
+from spectune.search.objective import Metric, Objective, WindowStats, saturated
 from spectune.search.policy import (
     ASSUMED_DRAFT_COST,
     Decision,
@@ -552,13 +552,17 @@ def _saturated_incumbent_history(
     p95_width: float = 0.005,
     tpot_ratio: float = 0.95,
     windows: int = 3,
+    alone_queue: tuple[float, float, float] = (5.0, 4.0, 6.0),
+    metric: Metric = Metric.TPOT_P95,
 ) -> tuple[TuningContext, History, Arm]:
-    """eagle3/5 queues for seconds alone; on the canary eagle3/2 is at ``ratio`` of its
-    objective (its p95s known within ±``p95_width``) and ``tpot_ratio`` of its per-token
-    latency, in windows run below the target's load (neither side saturated there)."""
+    """eagle3/5 queues for seconds alone (its queue p95 and interval ``alone_queue``); on
+    the canary eagle3/2 is at ``ratio`` of its objective (its p95s known within
+    ±``p95_width``) and ``tpot_ratio`` of its per-token latency, in windows run below the
+    target's load (neither side saturated or queueing there)."""
     world = WORLDS["chat: eagle3 wins at a small k"]
     inc_arm, leader = parse_arm("eagle3/5"), parse_arm("eagle3/2")
-    alone = replace(world.stats(inc_arm), queue_p95=5.0, queue_p95_low=4.0, queue_p95_high=6.0)
+    q, q_low, q_high = alone_queue
+    alone = replace(world.stats(inc_arm), queue_p95=q, queue_p95_low=q_low, queue_p95_high=q_high)
     history = History(baseline=((0, WindowRecord(0, 300, alone, None, inc_arm.name)),))
     off_trial = TrialRecord(OFF.name, inc_arm.name, 0, 300.0).with_window(
         WindowRecord(480, 780, world.stats(inc_arm), world.stats(OFF), inc_arm.name)
@@ -580,7 +584,7 @@ def _saturated_incumbent_history(
     for start in (960, 1260, 1560)[:windows]:
         trial = trial.with_window(WindowRecord(start, start + 300, inc, can, inc_arm.name))
     now = 960.0 + 300 * windows
-    ctx = TuningContext(SPACE, Objective(), inc_arm, now, max_trials=12, seed=1)
+    ctx = TuningContext(SPACE, Objective(metric), inc_arm, now, max_trials=12, seed=1)
     return ctx, history.add_trial(trial), leader
 
 
@@ -632,6 +636,29 @@ def test_a_lead_over_an_incumbent_that_saturates_alone_is_promoted_without_the_m
     ctx, history, leader = _saturated_incumbent_history(leader_blocks=800)
     d = SpectunePolicy().decide(ctx, history)
     assert not (d.kind is DecisionKind.PROMOTE and d.arm == leader and not d.final), d.reason
+
+
+def test_a_lead_over_an_incumbent_that_queues_longer_alone_counts_on_a_queue_objective() -> None:
+    # eagle3/5 alone queues 0.6 s at p95 (0.5–0.7 s), short of saturation, and not at all
+    # beside the canary: the target's load is where the queue grows. On e2e p95, which
+    # counts the queue, the faster eagle3/2 with as large a pool gains more there than in
+    # the trials: promoted without the margin.
+    queued = (0.6, 0.5, 0.7)
+    ctx, history, leader = _saturated_incumbent_history(1200, alone_queue=queued,
+                                                        metric=Metric.E2E_P95)  # fmt: skip
+    assert not saturated(history.baseline_windows()[-1].incumbent)
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.kind is DecisionKind.PROMOTE and d.arm == leader and not d.final, d.reason
+    assert "the incumbent queues alone" in d.reason
+    # TPOT p95 leaves the queue out: the 3 % lead must clear ε with confidence; it does not.
+    ctx, history, leader = _saturated_incumbent_history(1200, alone_queue=queued)
+    d = SpectunePolicy().decide(ctx, history)
+    assert not (d.kind is DecisionKind.PROMOTE and d.arm == leader), d.reason
+    # Nor does a queue alone within the noise of the one beside the canary count.
+    ctx, history, leader = _saturated_incumbent_history(1200, alone_queue=(0.6, 0.0, 0.7),
+                                                        metric=Metric.E2E_P95)  # fmt: skip
+    d = SpectunePolicy().decide(ctx, history)
+    assert not (d.kind is DecisionKind.PROMOTE and d.arm == leader), d.reason
 
 
 def test_a_noisy_lead_over_an_incumbent_that_saturates_alone_is_read_per_token() -> None:
