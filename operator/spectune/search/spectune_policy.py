@@ -391,12 +391,14 @@ class SpectunePolicy:
                     f"{better:.2f} (no margin: {moving})"
                 )
             sure = _sure_refinement(beliefs, names, beats, tried, ctx, leader)
-            if better >= 1 - ctx.delta and sure is not None and faster is None and moving is None:
+            if better >= 1 - ctx.delta and sure is not None and moving is None:
                 # An arm read off the measured ones beats this leader by ε with confidence,
                 # by at least as much as the leader beats the incumbent: the search would
                 # promote it next, so it is tried first. One rollout fewer, the answer one
-                # trial sooner; the leader stays the fallback. (A lead that the target's
-                # load widens, the two shortcuts above, is larger than measured: promoted.)
+                # trial sooner; the leader stays the fallback. Under the saturation or
+                # queue shortcut both leads are read at the trial's load, and the target's
+                # widens the refinement's as much (the same drafter, the same KV pool).
+                # Not while a load move goes on: the best k moves with it.
                 sb = beliefs.arms[sure.name]
                 return decision(
                     DecisionKind.TRIAL,

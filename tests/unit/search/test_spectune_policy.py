@@ -554,13 +554,15 @@ def _saturated_incumbent_history(
     windows: int = 3,
     alone_queue: tuple[float, float, float] = (5.0, 4.0, 6.0),
     metric: Metric = Metric.TPOT_P95,
+    arms: tuple[str, str] = ("eagle3/5", "eagle3/2"),
+    world: FakeWorld = WORLDS["chat: eagle3 wins at a small k"],
 ) -> tuple[TuningContext, History, Arm]:
     """eagle3/5 queues for seconds alone (its queue p95 and interval ``alone_queue``); on
     the canary eagle3/2 is at ``ratio`` of its objective (its p95s known within
     ±``p95_width``) and ``tpot_ratio`` of its per-token latency, in windows run below the
-    target's load (neither side saturated or queueing there)."""
-    world = WORLDS["chat: eagle3 wins at a small k"]
-    inc_arm, leader = parse_arm("eagle3/5"), parse_arm("eagle3/2")
+    target's load (neither side saturated or queueing there). ``arms``: the incumbent and
+    the leader, in ``world``."""
+    inc_arm, leader = parse_arm(arms[0]), parse_arm(arms[1])
     q, q_low, q_high = alone_queue
     alone = replace(world.stats(inc_arm), queue_p95=q, queue_p95_low=q_low, queue_p95_high=q_high)
     history = History(baseline=((0, WindowRecord(0, 300, alone, None, inc_arm.name)),))
@@ -659,6 +661,21 @@ def test_a_lead_over_an_incumbent_that_queues_longer_alone_counts_on_a_queue_obj
                                                         metric=Metric.E2E_P95)  # fmt: skip
     d = SpectunePolicy().decide(ctx, history)
     assert not (d.kind is DecisionKind.PROMOTE and d.arm == leader), d.reason
+
+
+def test_a_sure_refinement_of_a_leader_promoted_on_saturation_is_tried_first() -> None:
+    # ngram/4 saturates alone; eagle3/8 on the canary is faster per token with as large a
+    # pool, 0.90× on the noisy p95s: promoted on the saturation premise, were it not that
+    # eagle3's counters put eagle3/2 at 0.76× eagle3/8 at the same load — and the target's
+    # load widens that lead as much. It is tried before either is rolled out.
+    world = FakeWorld({"eagle3": (0.6, 0.9, 0.1), "ngram": (0.1, 0.9, 0.01)})
+    ctx, history, _ = _saturated_incumbent_history(
+        1200, 0.90, 0.15, 0.88, windows=2, arms=("ngram/4", "eagle3/8"), world=world
+    )
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.kind is DecisionKind.TRIAL and d.arm is not None, d.reason
+    assert d.arm.drafter == "eagle3" and d.arm.k <= 3, d.reason
+    assert "saturates alone" in d.reason and "before promoting" in d.reason
 
 
 def test_a_noisy_lead_over_an_incumbent_that_saturates_alone_is_read_per_token() -> None:
