@@ -27,8 +27,8 @@ step "Kubernetes control plane, kwok and helm from Go modules (hack/cluster.sh b
 bash hack/cluster.sh build
 
 step "ruff (lint and format)"
-ruff check operator tests hack
-ruff format --check operator tests hack
+ruff check operator tests hack benchmarks
+ruff format --check operator tests hack benchmarks
 
 step "mypy --strict"
 mypy
