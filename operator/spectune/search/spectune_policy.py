@@ -809,8 +809,8 @@ def _queues_alone(
     gains more there than at the trial's lighter load. Short of saturation, so the
     incumbent's batch still measures its speed (kv-pressure, seed 16: draft7b/4's queue
     p95 1.3 s alone and 0.4 s beside eagle3/3's canary, with eagle3/3 at 0.86–0.92× on
-    the trials' e2e p95 — and 0.64× at the target's load in the bench's oracle, on the
-    scenario's own seed). A TPOT objective leaves the queue out, and a larger batch costs
+    the trials' e2e p95 — and 0.68× at the target's load, in the bench's oracle for that
+    seed). A TPOT objective leaves the queue out, and a larger batch costs
     a drafting arm more per token (SmartSpec): no such premise there.
     """
     if metric not in (Metric.E2E_P95, Metric.TTFT_P95) or math.isnan(alone.queue_p95_low):
