@@ -557,11 +557,11 @@ def _saturated_incumbent_history(
     arms: tuple[str, str] = ("eagle3/5", "eagle3/2"),
     world: FakeWorld = WORLDS["chat: eagle3 wins at a small k"],
 ) -> tuple[TuningContext, History, Arm]:
-    """eagle3/5 queues for seconds alone (its queue p95 and interval ``alone_queue``); on
-    the canary eagle3/2 is at ``ratio`` of its objective (its p95s known within
-    ±``p95_width``) and ``tpot_ratio`` of its per-token latency, in windows run below the
-    target's load (neither side saturated or queueing there). ``arms``: the incumbent and
-    the leader, in ``world``."""
+    """The incumbent (``arms[0]``, eagle3/5 by default) queues for seconds alone (its queue
+    p95 and interval ``alone_queue``); on the canary the leader (``arms[1]``, eagle3/2) is
+    at ``ratio`` of its objective (its p95s known within ±``p95_width``) and ``tpot_ratio``
+    of its per-token latency, in windows run below the target's load (neither side
+    saturated or queueing there). Acceptance and off's latency come from ``world``."""
     inc_arm, leader = parse_arm(arms[0]), parse_arm(arms[1])
     q, q_low, q_high = alone_queue
     alone = replace(world.stats(inc_arm), queue_p95=q, queue_p95_low=q_low, queue_p95_high=q_high)
