@@ -311,14 +311,19 @@ class Controller:
 
         Its canary windows give its batch at the trial's load per pod; Little's law scales
         that to the target's (the service's finished requests over the target's pods). The
-        window alone can be spared when that batch is no larger than one the epoch's last
-        window alone carried unsaturated (or the same load, :func:`same_load`), the arm
-        never saturated on the canary, and its KV pool holds at least as many blocks per
-        running request as that window's arm had: nothing the window would show is unseen.
+        window alone can be spared when that batch is no larger than the one the epoch's
+        last window alone carried (or the same load, :func:`same_load`), the arm never
+        saturated on the canary, and its KV pool holds at least as many blocks per running
+        request as that window's arm had: nothing the window would show is unseen. That
+        holds when the last window alone was saturated too: what the window could show is
+        a batch grown past the load-move factor, and an arm that runs no larger a batch in
+        as large a pool cannot grow one past a saturated arm's (kv-pressure: eagle3/8
+        promoted over a draft7b/4 that queued alone; the window alone cost 300 s of a
+        2400 s scenario and the refinement's trial, which then could not finish).
         """
         alone = [w.incumbent for w in self.history.baseline_windows() if w.incumbent]
         base = alone[-1] if alone else None
-        if base is None or saturated(base) or not base.num_gpu_blocks:
+        if base is None or not base.num_gpu_blocks:
             return False
         if math.isnan(base.running):
             return False

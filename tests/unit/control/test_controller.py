@@ -27,7 +27,7 @@ from spectune.errors import WindowCutError
 from spectune.metrics import Histogram, Observation, SpecCounts
 from spectune.search.arms import Arm, parse_arm
 from spectune.search.history import History, Outcome
-from spectune.search.objective import Objective
+from spectune.search.objective import Objective, saturated
 from spectune.search.policy import DrafterSpec, SearchSpace
 from spectune.search.spectune_policy import SpectunePolicy
 from tests.unit.search.test_spectune_policy import FakeWorld
@@ -86,6 +86,8 @@ class FakeFleet:
     """KV pool per drafter ("off" without one), as vLLM's cache_config_info reports it."""
     target_pods: int = 1
     """Pods of the incumbent group."""
+    queue_alone_s: float | None = None
+    """The incumbent's queue time when no canary runs beside it (``queue_s`` if None)."""
 
     async def deployment(self) -> Deployment:
         failure = None
@@ -106,7 +108,9 @@ class FakeFleet:
         self.promotions.append(arm.name)
         self.incumbent = arm
 
-    def _obs(self, arm: Arm, window: float, share: float = 1.0) -> Observation:
+    def _obs(
+        self, arm: Arm, window: float, share: float = 1.0, queue_s: float | None = None
+    ) -> Observation:
         s = self.world.stats(arm)
         spec = None
         if arm.drafter is not None:
@@ -116,7 +120,7 @@ class FakeFleet:
             dialect=Dialect.VLLM_V1, window_s=window, pods=("p",), spec=spec,
             num_gpu_blocks=self.blocks.get(arm.drafter or "off"),
             running=4.0 * self.load, tpot=fake_hist(s.tpot_mean, 400 * self.load * share),
-            ttft=fake_hist(0.2), queue=fake_hist(self.queue_s, bounds=QUEUE_BOUNDS),
+            ttft=fake_hist(0.2), queue=fake_hist(queue_s or self.queue_s, bounds=QUEUE_BOUNDS),
             e2e=fake_hist(self.e2e_s, 400 * self.load * share),
             generation_tokens=1000.0 * window * self.load * share,
         )  # fmt: skip
@@ -137,10 +141,10 @@ class FakeFleet:
                 Group.INCUMBENT: self._target(window_s, inc_share),
                 Group.CANARY: self._obs(self.canary, window_s, can_share),
             }
-        return {Group.INCUMBENT: self._target(window_s, 1.0)}
+        return {Group.INCUMBENT: self._target(window_s, 1.0, self.queue_alone_s)}
 
-    def _target(self, window_s: float, share: float) -> Observation:
-        obs = self._obs(self.incumbent, window_s, share)
+    def _target(self, window_s: float, share: float, queue_s: float | None = None) -> Observation:
+        obs = self._obs(self.incumbent, window_s, share, queue_s)
         return replace(obs, pods=tuple(f"p{i}" for i in range(self.target_pods)))
 
 
@@ -277,7 +281,9 @@ class LongerRequestsWhenDropped(FakeFleet):
     """Open-loop traffic: after an acceptance drop every request needs more passes, so the
     same requests per second keep a larger batch running (Little's law)."""
 
-    def _obs(self, arm: Arm, window: float, share: float = 1.0) -> Observation:
+    def _obs(
+        self, arm: Arm, window: float, share: float = 1.0, queue_s: float | None = None
+    ) -> Observation:
         obs = super()._obs(arm, window, share)
         if arm.drafter is None or obs.e2e is None:
             return obs
@@ -431,15 +437,20 @@ def test_an_arm_promoted_mid_search_runs_alone_for_a_window_before_the_next_tria
     assert len(fleet.starts) == len(starts) + 1 or again.state.phase is Phase.MONITORING
 
 
-def promoted_then_next_step(drafter_blocks: int) -> tuple[FakeFleet, Controller, int]:
+def promoted_then_next_step(
+    drafter_blocks: int, queue_alone_s: float | None = None
+) -> tuple[FakeFleet, Controller, int]:
     """A search from `off` on three target pods to its first mid-search promotion, one step on.
 
-    The canary took a third of the traffic on one pod: the target's per-pod load. Returns
-    the fleet, the controller and the number of trials started before that step.
+    The canary took a third of the traffic on one pod: the target's per-pod load. Alone,
+    the incumbent's requests wait ``queue_alone_s`` to be scheduled (as beside a canary if
+    None). Returns the fleet, the controller and the number of trials started before that
+    step.
     """
     clock = FakeClock()
     blocks = {"off": 1000, "eagle3": drafter_blocks, "ngram": drafter_blocks}
-    fleet = FakeFleet(WORLD, clock, parse_arm("off"), blocks=blocks, target_pods=3)
+    fleet = FakeFleet(WORLD, clock, parse_arm("off"), blocks=blocks, target_pods=3,
+                      queue_alone_s=queue_alone_s)  # fmt: skip
     c, _ = make(fleet, clock)
     run_until(c, lambda: bool(fleet.promotions))
     assert c.state.phase is Phase.EXPLORING
@@ -457,6 +468,21 @@ def test_a_promoted_arm_whose_load_the_trials_already_showed_goes_straight_to_th
     assert len(fleet.starts) == starts + 1  # the next trial, no window alone first
     promoted = fleet.promotions[0]
     assert not [w for w in c.history.baseline_windows() if w.incumbent_arm == promoted]
+
+
+def test_a_promoted_arm_is_not_held_back_for_a_window_alone_by_a_saturated_predecessor() -> None:
+    # `off` queued a minute alone (saturated), not beside the canaries. The promoted arm
+    # runs no larger a batch in as large a pool: a window alone could not show it grow past
+    # the load-move factor, so the next trial starts at once.
+    fleet, c, starts = promoted_then_next_step(drafter_blocks=1000, queue_alone_s=60.0)
+    assert saturated(c.history.baseline_windows()[0].incumbent)
+    assert len(fleet.starts) == starts + 1
+    promoted = fleet.promotions[0]
+    assert not [w for w in c.history.baseline_windows() if w.incumbent_arm == promoted]
+    # A smaller pool still runs alone first, saturated predecessor or not.
+    fleet, c, starts = promoted_then_next_step(drafter_blocks=400, queue_alone_s=60.0)
+    assert len(fleet.starts) == starts
+    assert c.history.baseline_windows()[-1].incumbent_arm == fleet.promotions[0]
 
 
 def test_a_promoted_arm_with_a_smaller_kv_pool_runs_alone_before_the_next_trial() -> None:
