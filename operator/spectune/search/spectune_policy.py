@@ -63,6 +63,7 @@ References
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -363,8 +364,12 @@ class SpectunePolicy:
             )
             unsure = better < 1 - ctx.delta and ii >= 0
             ahead = float(np.mean(draws[:, li] < draws[:, ii])) if unsure else math.nan
-            amp = _amplified(history, ctx.incumbent.name, leader.name, ctx.objective.metric)
-            faster, alone_how = amp if unsure and amp is not None else (None, "")
+            amp = (
+                _amplified(history, ctx.incumbent.name, leader.name, ctx.objective.metric)
+                if unsure
+                else None
+            )
+            faster, alone_how = amp if amp is not None else (None, "")
             if faster is not None:
                 # The lead at the target's load follows from the per-token lead, measured
                 # to a percent per window, not from the trials' p95s at a lighter load,
@@ -390,8 +395,11 @@ class SpectunePolicy:
                     f"{leader.name} beats the incumbent {ctx.incumbent.name} with probability "
                     f"{better:.2f} (no margin: {moving})"
                 )
-            sure = _sure_refinement(beliefs, names, beats, tried, ctx, leader)
-            if better >= 1 - ctx.delta and sure is not None and moving is None:
+            confident = better >= 1 - ctx.delta
+            sure = None
+            if confident and moving is None:
+                sure = _sure_refinement(beliefs, names, beats, tried, ctx, leader)
+            if sure is not None:
                 # An arm read off the measured ones beats this leader by ε with confidence,
                 # by at least as much as the leader beats the incumbent: the search would
                 # promote it next, so it is tried first. One rollout fewer, the answer one
@@ -408,7 +416,7 @@ class SpectunePolicy:
                     f"{leader.name} beats the incumbent: trying {sure.name} before promoting "
                     f"either ({_describe(sb, minimise, ctx)}; {_describe(lb, minimise, ctx)})",
                 )
-            if better >= 1 - ctx.delta:
+            if confident:
                 return Decision(
                     DecisionKind.PROMOTE,
                     leader,
@@ -767,27 +775,29 @@ def _amplified(
     ]
     if not alone:
         return None
+    # The leader's trial windows against this incumbent, both sides measured.
+    pairs = [
+        (w.canary, w.incumbent)
+        for t in history.in_epoch()
+        if t.arm == leader and t.incumbent == incumbent
+        for w in t.windows
+        if w.canary is not None and w.incumbent is not None
+    ]
     if saturated(alone[-1]):
         how = "saturates"
-    elif _queues_alone(history, incumbent, leader, alone[-1], metric):
+    elif _queues_alone(alone[-1], [inc for _, inc in pairs], metric):
         how = "queues"
     else:
         return None
     logs: list[float] = []
-    for t in history.in_epoch():
-        if t.arm != leader or t.incumbent != incumbent:
-            continue
-        for w in t.windows:
-            can, inc = w.canary, w.incumbent
-            if can is None or inc is None:
-                continue
-            if saturated(can) or not can.num_gpu_blocks or not inc.num_gpu_blocks:
-                return None
-            if can.num_gpu_blocks < inc.num_gpu_blocks:
-                return None
-            if not (can.tpot_mean > 0 and inc.tpot_mean > 0):
-                return None
-            logs.append(math.log(can.tpot_mean / inc.tpot_mean))
+    for can, inc in pairs:
+        if saturated(can) or not can.num_gpu_blocks or not inc.num_gpu_blocks:
+            return None
+        if can.num_gpu_blocks < inc.num_gpu_blocks:
+            return None
+        if not (can.tpot_mean > 0 and inc.tpot_mean > 0):
+            return None
+        logs.append(math.log(can.tpot_mean / inc.tpot_mean))
     mean = sum(logs) / len(logs) if logs else math.nan
     if not mean < 0:
         return None
@@ -796,14 +806,13 @@ def _amplified(
     return 0.5 * math.erfc(mean / se / math.sqrt(2)), how
 
 
-def _queues_alone(
-    history: History, incumbent: str, leader: str, alone: WindowStats, metric: Metric
-) -> bool:
+def _queues_alone(alone: WindowStats, beside: Sequence[WindowStats], metric: Metric) -> bool:
     """Whether the incumbent alone queued longer than beside the leader's canary, with
     confidence, on an objective that counts the queue (e2e or TTFT p95).
 
-    The lower end of the queue p95's interval in its last window alone lies above the
-    upper end in every window of the leader's trial: the queue grows with the load, so the
+    The lower end of the queue p95's interval in its last window alone (``alone``) lies
+    above the upper end in every window of the leader's trial (``beside``: the
+    incumbent's side of each): the queue grows with the load, so the
     target's load is on the rising part of the queueing curve, where the wait grows like
     ρ/(1 − ρ) with the utilisation ρ, and an arm that needs less time per token (lower ρ)
     gains more there than at the trial's lighter load. Short of saturation, so the
@@ -815,11 +824,4 @@ def _queues_alone(
     """
     if metric not in (Metric.E2E_P95, Metric.TTFT_P95) or math.isnan(alone.queue_p95_low):
         return False
-    beside = [
-        w.incumbent.queue_p95_high
-        for t in history.in_epoch()
-        if t.arm == leader and t.incumbent == incumbent
-        for w in t.windows
-        if w.incumbent is not None and w.canary is not None
-    ]
-    return bool(beside) and all(alone.queue_p95_low > h for h in beside)
+    return bool(beside) and all(alone.queue_p95_low > s.queue_p95_high for s in beside)
