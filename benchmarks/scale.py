@@ -48,7 +48,7 @@ import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -385,7 +385,7 @@ def main() -> int:
                        capture_output=True)  # fmt: skip
         subprocess.run([str(kubectl), "wait", "--for=condition=Established", "-f", str(CRD)],
                        env=env, check=True, capture_output=True)  # fmt: skip
-        api = config.new_client_from_config(config_file=env["KUBECONFIG"])
+        api = config.new_client_from_config(config_file=env["KUBECONFIG"])  # type: ignore[no-untyped-call]
         core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
         custom = client.CustomObjectsApi(api)
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
@@ -399,11 +399,14 @@ def main() -> int:
         def follow_pods() -> None:
             while True:
                 try:
-                    pods = core.list_namespaced_pod(NS).items
-                    expo.set_pods(
-                        [p.metadata.name for p in pods if p.status.phase == "Running"
-                         and p.metadata.deletion_timestamp is None]
-                    )  # fmt: skip
+                    running = []
+                    for p in core.list_namespaced_pod(NS).items:
+                        meta, status = p.metadata, p.status
+                        if meta is None or status is None or meta.name is None:
+                            continue
+                        if status.phase == "Running" and meta.deletion_timestamp is None:
+                            running.append(meta.name)
+                    expo.set_pods(running)
                 except Exception as exc:  # keep following; report
                     print(f"pod listing failed: {exc}", file=sys.stderr)
                 time.sleep(2)
@@ -450,7 +453,8 @@ def main() -> int:
         names = [f"llm-{i:03d}" for i in range(args.count)]
         t_create = time.monotonic()
         for n in names:
-            apps.create_namespaced_deployment(NS, deployment(n))
+            manifest: Any = deployment(n)  # the client takes a plain manifest too
+            apps.create_namespaced_deployment(NS, manifest)
         for i, n in enumerate(names):
             mode = "auto" if i < args.auto else "recommend"
             body = spectuning(n, mode, w, "http://prometheus.monitoring:9090")
@@ -460,9 +464,11 @@ def main() -> int:
         create_s = time.monotonic() - t_create
 
         def phases() -> Counter[str]:
-            items = custom.list_namespaced_custom_object(
-                "spectune.io", "v1alpha1", NS, "spectunings"
-            )["items"]
+            listed = cast(
+                "dict[str, Any]",
+                custom.list_namespaced_custom_object("spectune.io", "v1alpha1", NS, "spectunings"),
+            )
+            items = listed["items"]
             return Counter((o.get("status") or {}).get("phase", "-") for o in items)
 
         # warm-up: every SpecTuning has a status
@@ -495,8 +501,11 @@ def main() -> int:
             )
             t_bump = time.monotonic()
             while time.monotonic() - t_bump < 5 * w:
-                obj = custom.get_namespaced_custom_object(
-                    "spectune.io", "v1alpha1", NS, "spectunings", victim
+                obj = cast(
+                    "dict[str, Any]",
+                    custom.get_namespaced_custom_object(
+                        "spectune.io", "v1alpha1", NS, "spectunings", victim
+                    ),
                 )
                 events = core.list_namespaced_event(
                     NS, field_selector=f"involvedObject.name={victim},reason=Retune"

@@ -32,6 +32,7 @@ ruff format --check operator tests hack benchmarks
 
 step "mypy --strict"
 mypy
+mypy benchmarks  # the scripts behind the closing notes: an API change must not break them unseen
 
 step "import-linter layer contracts"
 lint-imports
