@@ -31,7 +31,9 @@ Uncertainty is carried in log space. A measured arm's spread comes from the orde
 intervals of its p95s, window by window; an untried arm's from the model's own error on the
 measured arms plus a penalty for extrapolating in ``k`` (larger without per-position data). A
 prediction read from a measured arm of its drafter names it as its anchor, so that the
-policy draws the two together (``spectune_policy.posterior_draws``).
+policy draws the two together (``spectune_policy.posterior_draws``); the step between them
+carries the model's error between neighbouring k (:data:`ANCHOR_STEP`) and, where the epoch
+saturated, the error of the objective-to-latency line's slope too.
 Everything is rebuilt from the history on every call.
 """
 
@@ -493,20 +495,24 @@ def build_beliefs(
     # measured arms and, at k = 0, through 'off': a larger k widens the tail (requests that
     # accept little pay for every drafted position), so a p95 optimum sits below the mean's.
     shape_points: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    shape_spreads: dict[str, list[float]] = defaultdict(list)
     off_shape: float | None = 0.0 if incumbent.is_off else None
+    off_shape_spread = MEASURED_FLOOR / 2
     if incumbent.drafter is not None:
         shape_points[incumbent.drafter].append((incumbent.k, 0.0))
+        shape_spreads[incumbent.drafter].append(MEASURED_FLOOR / 2)
     residuals: list[float] = []
     for name, m in measured.items():
         arm = _arm_of(name)
-        loss, _ = m.loss
+        loss, loss_spread = m.loss
         if arm is None or math.isnan(loss) or math.isnan(m.tpot_ratio):
             continue
         value = loss - sign * math.log(m.tpot_ratio)
         if arm.drafter is None:
-            off_shape = value
+            off_shape, off_shape_spread = value, loss_spread
         else:
             shape_points[arm.drafter].append((arm.k, value))
+            shape_spreads[arm.drafter].append(loss_spread)
     all_shapes = [v for pts in shape_points.values() for _, v in pts]
 
     def shape_at(arm: Arm) -> float:
@@ -528,6 +534,23 @@ def build_beliefs(
         dk = ks - ks.mean()
         slope = float(np.dot(dk, vs - vs.mean()) / np.dot(dk, dk))
         return float(vs.mean() + slope * (arm.k - ks.mean()))
+
+    def slope_error(drafter: str) -> float:
+        """Standard error per k of ``shape_at``'s slope, from its points' own spreads.
+
+        For an ordinary least-squares slope through points with spreads σ_i it is
+        √(Σ (k_i − k̄)² σ_i²) / Σ (k_i − k̄)²; 0 without two distinct k (a flat line).
+        """
+        pts = list(shape_points.get(drafter, ()))
+        sds = list(shape_spreads.get(drafter, ()))
+        if off_shape is not None:
+            pts.append((0, off_shape))
+            sds.append(off_shape_spread)
+        ks = np.array([k for k, _ in pts], dtype=float)
+        if len(set(ks.tolist())) < 2:
+            return 0.0
+        dk = ks - ks.mean()
+        return math.sqrt(float(np.dot(dk * dk, np.square(sds)))) / float(np.dot(dk, dk))
 
     def predict(arm: Arm) -> tuple[float, float, float, float]:
         """(loss, spread, tpot ratio, E) of an arm from the model."""
@@ -604,7 +627,15 @@ def build_beliefs(
                 a_model, _, _, _ = predict(a_arm)
                 if math.isnan(a_model):
                     continue
-                step = ANCHOR_STEP + (NO_POSITION_STEP if not space.per_position else 0.0)
+                # Under saturation the objective-to-latency line is set by queueing, not by
+                # the acceptance tail, and it is only as sure as the few noisy p95s it was
+                # drawn through: its slope's error joins the model's usual step between
+                # neighbouring k (kv-pressure, seed 40: eagle3/4 read off a one-window
+                # eagle3/3 at 0.95× it "with probability 1.00"; the two are equal).
+                base = ANCHOR_STEP
+                if b.saturated:
+                    base = math.hypot(ANCHOR_STEP, slope_error(arm.drafter or ""))
+                step = base + (NO_POSITION_STEP if not space.per_position else 0.0)
                 sp = a_spread + step * abs(arm.k - a_arm.k)
                 estimates.append((loss + a_loss - a_model, sp))
                 if nearest is None or sp < nearest[0]:

@@ -19,7 +19,7 @@ import pytest
 
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
-from spectune.search.model import ArmBelief, Beliefs, build_beliefs
+from spectune.search.model import ANCHOR_STEP, ArmBelief, Beliefs, build_beliefs
 from spectune.search.objective import Metric, Objective, WindowStats, saturated
 from spectune.search.policy import (
     ASSUMED_DRAFT_COST,
@@ -676,6 +676,48 @@ def test_a_sure_refinement_of_a_leader_promoted_on_saturation_is_tried_first() -
     assert d.kind is DecisionKind.TRIAL and d.arm is not None, d.reason
     assert d.arm.drafter == "eagle3" and d.arm.k <= 3, d.reason
     assert "saturates alone" in d.reason and "before promoting" in d.reason
+
+
+def _refinement_world() -> FakeWorld:
+    return FakeWorld({"eagle3": (0.6, 0.9, 0.1), "ngram": (0.1, 0.9, 0.01)})
+
+
+def test_a_leader_on_saturation_measured_once_and_noisily_is_not_held_back_for_a_guess() -> None:
+    # ngram/4 saturates alone; eagle3/3 on the canary is faster per token and at 0.95× on
+    # p95s known only within ±20 %, in one window. Under saturation the model's line from
+    # latency to the objective is drawn through that p95: a shorter k read off it is no
+    # surer than the line, so eagle3/3's sure gain is taken now — the search goes on.
+    ctx, history, leader = _saturated_incumbent_history(
+        1200, 0.95, 0.2, 0.9, windows=1, arms=("ngram/4", "eagle3/3"), world=_refinement_world()
+    )
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.kind is DecisionKind.PROMOTE and d.arm == leader, d.reason
+    assert not d.final and "saturates alone" in d.reason
+    # A second window of the same figures narrows the line: the refinement is sure again.
+    ctx, history, _ = _saturated_incumbent_history(
+        1200, 0.95, 0.2, 0.9, windows=2, arms=("ngram/4", "eagle3/3"), world=_refinement_world()
+    )
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.kind is DecisionKind.TRIAL and d.arm is not None and d.arm.k < 3, d.reason
+    assert "before promoting" in d.reason
+
+
+def test_the_step_between_neighbouring_k_widens_with_a_noisy_line_only_under_saturation() -> None:
+    def step(alone_queue: tuple[float, float, float], width: float) -> float:
+        ctx, history, _ = _saturated_incumbent_history(
+            1200, 0.95, width, 0.9, windows=1, arms=("ngram/4", "eagle3/3"),
+            alone_queue=alone_queue, world=_refinement_world(),
+        )  # fmt: skip
+        b = build_beliefs(ctx.space, history, ctx.incumbent, True, ctx.min_requests)
+        x = b.arms["eagle3/2"]
+        assert x.anchor == "eagle3/3" and not x.measured
+        return x.relative_spread
+
+    saturating, idle = (5.0, 4.0, 6.0), (0.05, 0.0, 0.1)
+    assert step(idle, 0.2) == pytest.approx(ANCHOR_STEP)  # the model's usual error, per k
+    assert step(idle, 0.02) == pytest.approx(ANCHOR_STEP)
+    assert step(saturating, 0.02) >= ANCHOR_STEP
+    assert step(saturating, 0.2) > 2 * step(saturating, 0.02)  # as unsure as the p95s
 
 
 def test_a_noisy_lead_over_an_incumbent_that_saturates_alone_is_read_per_token() -> None:
