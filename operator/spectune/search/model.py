@@ -494,13 +494,13 @@ def build_beliefs(
     # Objective-to-latency ratio (tails, queueing) as a line in k per drafter, through its
     # measured arms and, at k = 0, through 'off': a larger k widens the tail (requests that
     # accept little pay for every drafted position), so a p95 optimum sits below the mean's.
-    shape_points: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    shape_spreads: dict[str, list[float]] = defaultdict(list)
-    off_shape: float | None = 0.0 if incumbent.is_off else None
-    off_shape_spread = MEASURED_FLOOR / 2
+    # Each point carries its spread (the measured arm's), for the slope's error.
+    shape_points: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+    off_point: tuple[int, float, float] | None = (
+        (0, 0.0, MEASURED_FLOOR / 2) if incumbent.is_off else None
+    )
     if incumbent.drafter is not None:
-        shape_points[incumbent.drafter].append((incumbent.k, 0.0))
-        shape_spreads[incumbent.drafter].append(MEASURED_FLOOR / 2)
+        shape_points[incumbent.drafter].append((incumbent.k, 0.0, MEASURED_FLOOR / 2))
     residuals: list[float] = []
     for name, m in measured.items():
         arm = _arm_of(name)
@@ -509,24 +509,27 @@ def build_beliefs(
             continue
         value = loss - sign * math.log(m.tpot_ratio)
         if arm.drafter is None:
-            off_shape, off_shape_spread = value, loss_spread
+            off_point = (0, value, loss_spread)
         else:
-            shape_points[arm.drafter].append((arm.k, value))
-            shape_spreads[arm.drafter].append(loss_spread)
-    all_shapes = [v for pts in shape_points.values() for _, v in pts]
+            shape_points[arm.drafter].append((arm.k, value, loss_spread))
+    all_shapes = [v for pts in shape_points.values() for _, v, _ in pts]
+
+    def line(drafter: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The drafter's line's points, 'off' among them: (k, value, spread) as arrays."""
+        pts = list(shape_points.get(drafter, ()))
+        if off_point is not None:
+            pts.append(off_point)
+        table = np.array(pts, dtype=float).reshape(-1, 3)
+        return table[:, 0], table[:, 1], table[:, 2]
 
     def shape_at(arm: Arm) -> float:
         if arm.drafter is None:
-            if off_shape is not None:
-                return off_shape
+            if off_point is not None:
+                return off_point[1]
             return float(np.mean(all_shapes)) if all_shapes else 0.0
-        pts = list(shape_points.get(arm.drafter, ()))
-        if off_shape is not None:
-            pts.append((0, off_shape))
-        if not pts:
+        ks, vs, _ = line(arm.drafter)
+        if not len(ks):
             return float(np.mean(all_shapes)) if all_shapes else 0.0
-        ks = np.array([k for k, _ in pts], dtype=float)
-        vs = np.array([v for _, v in pts])
         if len(set(ks.tolist())) < 2:
             return float(np.mean(vs))
         # Least squares in closed form: np.polyfit goes through LAPACK, whose work buffers
@@ -541,12 +544,7 @@ def build_beliefs(
         For an ordinary least-squares slope through points with spreads σ_i it is
         √(Σ (k_i − k̄)² σ_i²) / Σ (k_i − k̄)²; 0 without two distinct k (a flat line).
         """
-        pts = list(shape_points.get(drafter, ()))
-        sds = list(shape_spreads.get(drafter, ()))
-        if off_shape is not None:
-            pts.append((0, off_shape))
-            sds.append(off_shape_spread)
-        ks = np.array([k for k, _ in pts], dtype=float)
+        ks, _, sds = line(drafter)
         if len(set(ks.tolist())) < 2:
             return 0.0
         dk = ks - ks.mean()
@@ -623,19 +621,19 @@ def build_beliefs(
             # anchor gives one estimate; they are pooled by inverse variance.
             estimates: list[tuple[float, float]] = []
             nearest: tuple[float, str, float] | None = None  # (spread, anchor, its step)
+            # Under saturation the objective-to-latency line is set by queueing, not by the
+            # acceptance tail, and it is only as sure as the few noisy p95s it was drawn
+            # through: its slope's error joins the model's usual step between neighbouring
+            # k (kv-pressure, seed 40: eagle3/4 read off a one-window eagle3/3 at 0.95× it
+            # "with probability 1.00"; the two are equal).
+            base = ANCHOR_STEP
+            if b.saturated:
+                base = math.hypot(ANCHOR_STEP, slope_error(arm.drafter or ""))
+            step = base + (NO_POSITION_STEP if not space.per_position else 0.0)
             for a_arm, a_loss, a_spread in anchors[arm.drafter or ""]:
                 a_model, _, _, _ = predict(a_arm)
                 if math.isnan(a_model):
                     continue
-                # Under saturation the objective-to-latency line is set by queueing, not by
-                # the acceptance tail, and it is only as sure as the few noisy p95s it was
-                # drawn through: its slope's error joins the model's usual step between
-                # neighbouring k (kv-pressure, seed 40: eagle3/4 read off a one-window
-                # eagle3/3 at 0.95× it "with probability 1.00"; the two are equal).
-                base = ANCHOR_STEP
-                if b.saturated:
-                    base = math.hypot(ANCHOR_STEP, slope_error(arm.drafter or ""))
-                step = base + (NO_POSITION_STEP if not space.per_position else 0.0)
                 sp = a_spread + step * abs(arm.k - a_arm.k)
                 estimates.append((loss + a_loss - a_model, sp))
                 if nearest is None or sp < nearest[0]:
