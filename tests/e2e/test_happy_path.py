@@ -22,6 +22,7 @@ for.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -87,6 +88,20 @@ class World:
     def target_arm(self) -> str:
         (container,) = self.target()["spec"]["template"]["spec"]["containers"]
         return arm_of_args([str(a) for a in container.get("args", [])])
+
+    def get_spt_columns(self) -> dict[str, str]:
+        """``kubectl get spt TARGET`` as the user reads it: each header over its cell.
+
+        A cell is read between its header's column and the next one's, not by splitting on
+        blanks: a field the status does not hold yet (the acceptance before the first window
+        of a promoted arm) prints as an empty cell, and splitting would shift every column
+        after it one to the left.
+        """
+        header, row = self.kubectl("get", "spt", TARGET).rstrip("\n").splitlines()[:2]
+        starts = [m.start() for m in re.finditer(r"\S+", header)]
+        ends = [*starts[1:], max(len(row), len(header))]
+        names = header.split()
+        return {n: row[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)}
 
     def events(self) -> list[dict[str, Any]]:
         out = self.kubectl(
@@ -294,15 +309,20 @@ def test_converges_to_the_oracle_arm_and_the_deployment_runs_it(world: World) ->
 def test_kubectl_get_spt_shows_phase_drafter_k_acceptance_and_speedup(world: World) -> None:
     lines = world.kubectl("get", "spt", TARGET).strip().splitlines()
     assert len(lines) == 2, lines
-    header, row = lines[0].split(), lines[1].split()
-    assert header[:6] == ["NAME", "PHASE", "DRAFTER", "K", "ACCEPTANCE", "SPEEDUP"], header
-    cols = dict(zip(header, row, strict=False))
+    assert lines[0].split()[:6] == ["NAME", "PHASE", "DRAFTER", "K", "ACCEPTANCE", "SPEEDUP"]
+    # Right after a promotion the acceptance cell is empty until the promoted arm's first
+    # window is measured; a user waits one window for it.
+    cols = wait_for(
+        lambda: (c := world.get_spt_columns())["ACCEPTANCE"] and c,
+        timeout=60,
+        message=lambda: f"an ACCEPTANCE cell; status: {world.status().get('acceptance')}",
+    )
     running = world.target_arm()
-    assert cols["PHASE"] == "Monitoring"
-    assert cols["DRAFTER"] == running.split("/")[0]
+    assert cols["PHASE"] == "Monitoring", cols
+    assert cols["DRAFTER"] == running.split("/")[0], cols
     if "/sched:" not in running:
-        assert cols["K"] == running.split("/")[1]
-    assert 0.0 < float(cols["ACCEPTANCE"]) <= 1.0
+        assert cols["K"] == running.split("/")[1], cols
+    assert 0.0 < float(cols["ACCEPTANCE"]) <= 1.0, cols
     assert float(cols["SPEEDUP"]) > 1.0, cols  # off is ~1.6x slower on this scenario
 
 
@@ -313,12 +333,11 @@ def test_kubectl_acceptance_agrees_with_the_charts_recording_rule(world: World) 
     seen: list[tuple[float, float]] = []
 
     def agree() -> bool:
-        lines = world.kubectl("get", "spt", TARGET).splitlines()[:2]
-        cols = dict(zip(*(ln.split() for ln in lines), strict=False))
+        cols = world.get_spt_columns()
         rows = world.prom.query(
             f'spectune:acceptance_rate:ratio_rate5m{{namespace="{world.ns}",deployment="{TARGET}"}}'
         )
-        if not rows or "ACCEPTANCE" not in cols:
+        if not rows or not cols["ACCEPTANCE"]:
             return False
         seen.append((float(rows[0]["value"][1]), float(cols["ACCEPTANCE"])))
         return abs(seen[-1][0] - seen[-1][1]) < 0.1
