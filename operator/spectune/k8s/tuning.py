@@ -146,19 +146,40 @@ class MetricsOutageError(SourceUnavailableError):
 
 
 class _RecordingMetrics:
-    """GroupMetrics that remembers the last observations and names metric failures."""
+    """GroupMetrics that remembers the last observations, and which arm each group ran in
+    them, and names metric failures.
 
-    def __init__(self, inner: GroupMetrics) -> None:
+    ``running`` answers what the actuator last saw run (the controller reads it at the start
+    of every step, before the window it observes).
+    """
+
+    def __init__(self, inner: GroupMetrics, running: Callable[[], Deployment | None]) -> None:
         self._inner = inner
+        self._running = running
         self.last: Mapping[Group, Observation] = {}
+        self.ran: Mapping[Group, Arm | None] = {}
 
     async def observe(self, window_s: float) -> Mapping[Group, Observation]:
+        dep = self._running()
         try:
             out = await self._inner.observe(window_s)
         except SourceUnavailableError as exc:
             raise MetricsOutageError(str(exc)) from None
         self.last = out
+        self.ran = {} if dep is None else {Group.INCUMBENT: dep.incumbent, Group.CANARY: dep.canary}
         return out
+
+    def of(self, arm: Arm | None) -> Observation | None:
+        """The latest window of the group that ran ``arm``; None if no group did.
+
+        Right after a promotion the target runs the arm that was on the canary, and the
+        latest window's incumbent group still ran its predecessor: its acceptance and
+        findings are not the applied arm's (and off's window has none at all).
+        """
+        for group, ran in self.ran.items():
+            if arm is not None and ran == arm and group in self.last:
+                return self.last[group]
+        return None
 
 
 class _SpecChangedError(SpecTuneError):
@@ -829,7 +850,7 @@ class TuningLoop:
             )
         else:
             inner_metrics = PairedSources(incumbent, canary, window_sleep, waits=waits)
-        metrics = _RecordingMetrics(inner_metrics)
+        metrics = _RecordingMetrics(inner_metrics, lambda: actuator.last)
         controller = Controller(
             policy=SpectunePolicy(),
             actuator=actuator,
@@ -947,7 +968,7 @@ class TuningLoop:
                 fingerprint=self._fingerprint(spec, applied),
                 decision=c.last_decision,
                 minimise=c.objective.metric.minimise,
-                acceptance=self._acceptance(b),
+                acceptance=self._acceptance(b, applied),
                 findings=self._findings(b, applied),
                 model_version=dep.model_version if dep is not None else None,
                 routes=dep.routes if dep is not None else None,
@@ -1032,8 +1053,8 @@ class TuningLoop:
         )
         await self._wait()
 
-    def _acceptance(self, b: _Built) -> Any:
-        obs = b.metrics.last.get(Group.INCUMBENT)
+    def _acceptance(self, b: _Built, applied: Arm | None) -> Any:
+        obs = b.metrics.of(applied)
         if obs is None:
             return None
         return acceptance_of(
@@ -1041,7 +1062,7 @@ class TuningLoop:
         )
 
     def _findings(self, b: _Built, applied: Arm | None) -> Any:
-        obs = b.metrics.last.get(Group.INCUMBENT)
+        obs = b.metrics.of(applied)
         if obs is None or applied is None or applied.drafter is None or not obs.speculating:
             return None
         try:

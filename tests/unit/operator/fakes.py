@@ -85,7 +85,11 @@ class FakeWorld:
     mix: list[Obj] = field(default_factory=list)
     """The traffic-mix query's result rows."""
     observation: Observation | None = None
+    canary_observation: Observation | None = None
+    """What the canary's pods answer (``observation`` when None)."""
     canary_stops: int = 0
+    rolling: bool = False
+    """Whether the target's rollout is in progress (the fake rolls out at once otherwise)."""
 
     def patch_target(self, patch: Mapping[str, Any]) -> None:
         assert self.target is not None
@@ -143,7 +147,12 @@ class FakeKube:
         arm = arm_from_spec(current_spec(t, self.container, self.engine), self.drafters)
         canary = self.world.canaries[0] if self.world.canaries else None
         return Deployment(
-            arm, canary, canary is not None, None, False, model_version(t, None, "vllm")
+            arm,
+            canary,
+            canary is not None,
+            None,
+            self.world.rolling,
+            model_version(t, None, "vllm"),
         )
 
     async def start_canary(self, arm: Arm) -> None:
@@ -180,10 +189,13 @@ class FakeProm:
 
     def __init__(self, url: str, selector: str, **_: Any) -> None:
         self.url = url
+        self.canary = "-spt-" in selector  # canary Deployments are named <target>-spt-<arm>
 
     async def observe(self, window_s: float, at: float | None = None) -> Observation:
         if self.world.failing or self.world.observation is None:
             raise SourceUnavailableError(f"cannot reach Prometheus at {self.url}: refused")
+        if self.canary and self.world.canary_observation is not None:
+            return self.world.canary_observation
         return self.world.observation
 
     async def query(self, promql: str, at: float | None = None) -> list[Obj]:

@@ -18,11 +18,14 @@ import pytest
 from spectune import handlers
 from spectune.control.controller import ControllerState
 from spectune.control.controller import Phase as LoopPhase
+from spectune.engines import Dialect
 from spectune.k8s import tuning
 from spectune.k8s.deployments import model_version
 from spectune.k8s.projection import Memory
+from spectune.metrics import Observation, SpecCounts
 from spectune.search.history import History, TrialRecord
 from spectune.settings import Settings
+from tests.unit.control.test_controller import QUEUE_BOUNDS, fake_hist
 from tests.unit.operator.fakes import EAGLE, FakeCustom, FakeKube, FakeProm, FakeWorld, target
 
 TRIAL = "eagle3/3"
@@ -341,3 +344,46 @@ async def test_the_oldest_spectuning_of_a_target_tunes_it_and_one_being_deleted_
     older["metadata"]["deletionTimestamp"] = "2026-01-02T00:00:00Z"
     await loop.turn()
     assert _condition(world, "Ready")["reason"] == "Tuning"
+
+
+# -- the status right after a promotion ----------------------------------------------------------
+
+
+def _window(tpot_s: float, accepted_first: float | None = None) -> Observation:
+    """One group's window: 400 requests at ``tpot_s`` per token; with ``accepted_first``, a
+    drafter at k = 1 whose first position was accepted at that rate."""
+    spec = None
+    if accepted_first is not None:
+        drafts = 50_000.0
+        spec = SpecCounts(drafts, drafts, accepted_first * drafts, (accepted_first * drafts,))
+    return Observation(
+        dialect=Dialect.VLLM_V1, window_s=10.0, pods=("p",), spec=spec, running=4.0,
+        tpot=fake_hist(tpot_s), ttft=fake_hist(0.2), queue=fake_hist(0.01, bounds=QUEUE_BOUNDS),
+        e2e=fake_hist(5.0), generation_tokens=4000.0,
+    )  # fmt: skip
+
+
+async def test_right_after_a_promotion_the_status_shows_the_promoted_arms_acceptance(
+    world: FakeWorld,
+) -> None:
+    """The target runs off; eagle3/1 on the canary is 40 % faster and accepts 0.7, and is
+    promoted. While the rollout runs, no window is measured, and the latest one's target
+    group ran off: the status must show what the promoted arm measured on the canary, not
+    off's window (which has no acceptance, so `kubectl get spt` printed an empty cell beside
+    DRAFTER eagle3; after a drafter it would print the predecessor's rate)."""
+    body = _body(drafters=[{"name": "eagle3", "method": "eagle3", "model": EAGLE, "maxK": 1}])
+    world.observation = _window(0.030)
+    world.canary_observation = _window(0.018, accepted_first=0.7)
+    loop = _loop(world, body)
+    for _ in range(40):
+        await loop.turn()
+        if "Promoted" in world.reasons():
+            break
+    assert "Promoted" in world.reasons(), world.events
+    world.rolling = True
+    await loop.turn()
+    status = world.status
+    assert (status["applied"]["drafter"], status["applied"]["k"]) == ("eagle3", 1), status
+    assert status["acceptance"]["rate"] == pytest.approx(0.7, abs=0.005), status.get("acceptance")
+    # The diagnosis is the promoted arm's too: its window shows a drafter that speculates.
+    assert status["diagnosis"], status
