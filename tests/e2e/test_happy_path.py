@@ -93,9 +93,9 @@ class World:
         """``kubectl get spt TARGET`` as the user reads it: each header over its cell.
 
         A cell is read between its header's column and the next one's, not by splitting on
-        blanks: a field the status does not hold yet (the acceptance before the first window
-        of a promoted arm) prints as an empty cell, and splitting would shift every column
-        after it one to the left.
+        blanks: a field the status does not hold (the acceptance of a window without drafts)
+        prints as an empty cell, and splitting would shift every column after it one to the
+        left.
         """
         header, row = self.kubectl("get", "spt", TARGET).rstrip("\n").splitlines()[:2]
         starts = [m.start() for m in re.finditer(r"\S+", header)]
@@ -310,8 +310,8 @@ def test_kubectl_get_spt_shows_phase_drafter_k_acceptance_and_speedup(world: Wor
     lines = world.kubectl("get", "spt", TARGET).strip().splitlines()
     assert len(lines) == 2, lines
     assert lines[0].split()[:6] == ["NAME", "PHASE", "DRAFTER", "K", "ACCEPTANCE", "SPEEDUP"]
-    # Right after a promotion the acceptance cell is empty until the promoted arm's first
-    # window is measured; a user waits one window for it.
+    # A window without drafts (every pod restarting) leaves the acceptance cell empty; a
+    # user waits one window for it.
     cols = wait_for(
         lambda: (c := world.get_spt_columns())["ACCEPTANCE"] and c,
         timeout=60,
