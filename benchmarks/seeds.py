@@ -18,7 +18,8 @@ Prints one row per scenario (median, minimum and mean efficiency, mean run_effic
 mean trials, runs whose guardrail breach exceeds one window per trial) and the totals.
 ``--out`` keeps every run's JSON, one per line; ``--compare`` reads such a file from an
 earlier run and lists the runs whose efficiency moved by 0.005 or more, with the counts up
-and down — the figure to quote for a change, against a baseline measured the same way.
+and down — the figure to quote for a change, against a baseline measured the same way —
+with each moved run's phases, and each multi-phase scenario's mean per phase.
 """
 
 from __future__ import annotations
@@ -200,9 +201,12 @@ def _comparison(before: dict[tuple[str, int], dict[str, Any]], runs: list[dict[s
         if abs(delta) < 0.005:
             continue
         up, down = up + (delta > 0), down + (delta < 0)
+        phases = ""
+        if len(r["phases"]) > 1:
+            phases = f"; phases {_phases(old)} → {_phases(r)}"
         lines.append(
             f"  {r['scenario']} seed {r['seed']}: {old['efficiency']:.3f} → "
-            f"{r['efficiency']:.3f} (trials {old['trials']} → {r['trials']})"
+            f"{r['efficiency']:.3f} (trials {old['trials']} → {r['trials']}{phases})"
         )
     same = [r for r in runs if _key(r) in before]
     mean_old = statistics.fmean(before[_key(r)]["efficiency"] for r in same) if same else 0.0
@@ -211,7 +215,34 @@ def _comparison(before: dict[tuple[str, int], dict[str, Any]], runs: list[dict[s
         f"against the earlier file: {up} up, {down} down of {len(same)} runs; mean "
         f"efficiency {mean_old:.3f} → {mean_new:.3f}"
     )
-    return "\n".join([head, *lines])
+    return "\n".join([head, *lines, *_phase_means(before, same)])
+
+
+def _phases(doc: dict[str, Any]) -> str:
+    return "/".join(f"{p['efficiency']:.2f}" for p in doc["phases"])
+
+
+def _phase_means(
+    before: dict[tuple[str, int], dict[str, Any]], same: list[dict[str, Any]]
+) -> list[str]:
+    """Per scenario of several phases, each phase's mean efficiency before → after.
+
+    A run's efficiency is its worst phase, so a change that lifts the phase it aims at can
+    show as a loss wherever a later phase happens to fall lower: the phases tell them apart.
+    """
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in same:
+        if len(r["phases"]) > 1 and len(before[_key(r)]["phases"]) == len(r["phases"]):
+            by.setdefault(r["scenario"], []).append(r)
+    out = []
+    for name, rs in by.items():
+        cells = []
+        for i in range(len(rs[0]["phases"])):
+            old = statistics.fmean(before[_key(r)]["phases"][i]["efficiency"] for r in rs)
+            new = statistics.fmean(r["phases"][i]["efficiency"] for r in rs)
+            cells.append(f"{old:.3f} → {new:.3f}")
+        out.append(f"  {name} phase means: " + ", ".join(cells))
+    return out
 
 
 if __name__ == "__main__":
