@@ -40,8 +40,14 @@ __all__ = ["ForbiddenError", "KubeActuator", "TargetMissingError", "api_error"]
 T = TypeVar("T")
 Obj = dict[str, Any]
 
-_CONFLICT_RETRIES = 5
-"""Patches of the target tried in a row while it keeps changing (HTTP 409)."""
+CONFLICT_BACKOFF_S = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+"""The wait before each patch of the target, tried in a row while it keeps changing (HTTP 409).
+
+The first conflict is usually the one other writer: read again and patch at once. A target
+in the middle of a rollout changes many times a second (the Deployment controller writes its
+status on every pod that comes up, and each write is a new resourceVersion), so later tries
+wait longer, for a quiet moment; about 3 s in all before the turn gives up and retries later.
+"""
 
 
 class TargetMissingError(SourceUnavailableError):
@@ -238,10 +244,12 @@ class KubeActuator:
 
         A conflict (HTTP 409: someone wrote the Deployment between our read and our patch)
         is retried with a fresh read, so the patch is always computed from the current
-        object and another writer's change (an extra flag, an image bump) is never lost.
+        object and another writer's change (an extra flag, an image bump) is never lost;
+        the tries wait longer and longer (:data:`CONFLICT_BACKOFF_S`).
         Returns the target as read for the patch that went through.
         """
-        for _ in range(_CONFLICT_RETRIES):
+        for wait in CONFLICT_BACKOFF_S:
+            await asyncio.sleep(wait)
             target = await self.read_target()
             patch = build(target)
             patch.setdefault("metadata", {})["resourceVersion"] = target["metadata"][
@@ -262,7 +270,8 @@ class KubeActuator:
                 raise api_error(exc, f"patch Deployment {self._ns}/{self._target}") from None
         raise SourceUnavailableError(
             f"Deployment {self._ns}/{self._target} kept changing under "
-            f"{_CONFLICT_RETRIES} patches in a row (HTTP 409); will retry"
+            f"{len(CONFLICT_BACKOFF_S)} patches in a row over {sum(CONFLICT_BACKOFF_S):.1f} s "
+            "(HTTP 409); will retry"
         )
 
     async def target_pods(self) -> list[Obj]:
