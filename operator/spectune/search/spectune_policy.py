@@ -32,7 +32,9 @@ measured so far. Then:
    alone (or, on an objective that counts the queue, queues longer alone than beside the
    canary) and the leader has a KV pool as large, being faster per token with that
    confidence suffices, unless the trials show it behind with confidence (the target's
-   load widens the lead, :func:`_amplified`); and while a load move that
+   load widens the lead, :func:`_amplified`); such a leader is promoted at once, never
+   held back for a refinement (the incumbent's queue costs users every minute it stays);
+   and while a load move that
    re-opened the search goes on, beating it at all suffices for a leader that drafts less
    than the incumbent as the load rises, or more as it falls (:func:`_load_favours`).
    The arm on the canary is extended by another window (no restart) while it is in the
@@ -397,16 +399,20 @@ class SpectunePolicy:
                 )
             confident = better >= 1 - ctx.delta
             sure = None
-            if confident and moving is None:
+            if confident and moving is None and faster is None:
                 sure = _sure_refinement(beliefs, names, beats, tried, ctx, leader)
             if sure is not None:
                 # An arm read off the measured ones beats this leader by ε with confidence,
                 # by at least as much as the leader beats the incumbent: the search would
                 # promote it next, so it is tried first. One rollout fewer, the answer one
-                # trial sooner; the leader stays the fallback. Under the saturation or
-                # queue shortcut both leads are read at the trial's load, and the target's
-                # widens the refinement's as much (the same drafter, the same KV pool).
-                # Not while a load move goes on: the best k moves with it.
+                # trial sooner; the leader stays the fallback.
+                # Not while a load move goes on: the best k moves with it. Nor when the
+                # incumbent saturates or queues alone (the shortcut above): every minute
+                # it stays costs users its queue, and the refinement's lead is read at the
+                # trial's lighter load (kv-pressure on one replica: half the target's), so
+                # it waits for its own trial against the promoted leader (kv-pressure,
+                # seeds 15 and 17: deferred for eagle3/4's trial, the promotion of
+                # eagle3/8 or eagle3/3 over a queueing draft7b/4 came after the run's end).
                 sb = beliefs.arms[sure.name]
                 return decision(
                     DecisionKind.TRIAL,
