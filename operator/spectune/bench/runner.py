@@ -324,9 +324,10 @@ def run_bench(
     effs = [r.efficiency for r in rows if math.isfinite(r.efficiency)]
     best_arm, best_value = _best(runs, order, metric, 0.0, duration)
     run_value = metric_value(run_table, metric, 0.0, duration)
+    untuned = oracle.run(scenario.initial_arm.name).requests
     breach = breach_seconds(
         run_table,
-        lambda p: runs[phase_best[p][0]].requests,
+        lambda p: (untuned, runs[phase_best[p][0]].requests),
         phases,
         window_s,
         guardrail_limits(scenario),

@@ -19,12 +19,18 @@ Definitions (the bench JSON's fields):
 * **Guardrail breach**: the run is cut into windows of ``window_s`` seconds aligned to each
   phase's start (the last window of a phase may be shorter). In each window the run's TTFT
   p95 and queue-time p95 (and e2e / TPOT p95 when the scenario sets those guardrails) are
-  compared with the same figure of the phase's oracle arm in the same window of its own
-  simulation; the window is breached when the run's p95 exceeds
-  ``reference · (1 + tolerance) +`` :data:`ABSOLUTE_SLACK_S` *with confidence*: the lower
-  end of the run's 95 % order-statistic interval of its p95 lies above that line drawn from
-  the upper end of the reference's interval (the test the controller's guardrails use,
-  ``search.objective.quantile_interval``). Without it, two runs of the same arm differ by
+  compared with the same figure of two references in the same window of their own
+  simulations: the scenario's ``initial`` arm (what users had without tuning) and the
+  phase's oracle arm (the best there is). The window is breached when the run's p95
+  exceeds ``reference · (1 + tolerance) +`` :data:`ABSOLUTE_SLACK_S` for both references
+  *with confidence*: the lower end of the run's 95 % order-statistic interval of its p95
+  lies above that line drawn from the upper end of each reference's interval (the test the
+  controller's guardrails use, ``search.objective.quantile_interval``). A breach is harm
+  done by tuning — a trial or a promotion worse than both the untuned setting and the
+  best — not the distance of a poor initial setting from the oracle, which the
+  efficiencies measure: judged against the oracle alone, ``static:<initial>`` itself
+  breached for the whole run (kv-pressure: 2400 s of 2400), and a tuner until it had
+  promoted. Without it, two runs of the same arm differ by
   more than 20 % in some windows — queueing p95s are bursty, and the simulator's request
   stream diverges when it is advanced in different steps. Tolerances are the scenario's
   ``objective.guardrails``; without that block, TTFT and queue p95 at 0.2. Windows where
@@ -215,26 +221,33 @@ def score_windows(
 
 def breach_seconds(
     run: RequestTable,
-    reference: Callable[[int], RequestTable],
+    references: Callable[[int], Sequence[RequestTable]],
     phases: Sequence[tuple[float, float]],
     window_s: float,
     limits: Sequence[GuardrailLimit],
 ) -> float:
-    """Seconds of the run's windows in which a guardrail was broken (module docstring)."""
+    """Seconds of the run's windows in which a guardrail was broken (module docstring).
+
+    ``references(phase)``: the runs a window is judged against; it is breached only when
+    the run is worse than every one of them that can be judged there (enough requests, a
+    p95), and not judged when none can.
+    """
     if not limits:
         return 0.0
     total = 0.0
     for start, end, p in score_windows(phases, window_s):
         mine = run.between(start, end)
-        ref = reference(p).between(start, end)
-        if len(mine) < MIN_WINDOW_REQUESTS or len(ref) < MIN_WINDOW_REQUESTS:
+        if len(mine) < MIN_WINDOW_REQUESTS:
             continue
+        refs = [r.between(start, end) for r in references(p)]
+        refs = [r for r in refs if len(r) >= MIN_WINDOW_REQUESTS]
         for lim in limits:
             _, got_low, _ = p95_interval(mine.column(lim.column))
-            _, _, base_high = p95_interval(ref.column(lim.column))
-            if math.isnan(got_low) or math.isnan(base_high):
+            highs = [p95_interval(r.column(lim.column))[2] for r in refs]
+            highs = [h for h in highs if not math.isnan(h)]
+            if math.isnan(got_low) or not highs:
                 continue
-            if got_low > base_high * (1.0 + lim.tolerance) + ABSOLUTE_SLACK_S:
+            if got_low > max(highs) * (1.0 + lim.tolerance) + ABSOLUTE_SLACK_S:
                 total += end - start
                 break
     return total

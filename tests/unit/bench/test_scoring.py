@@ -63,15 +63,30 @@ def test_breach_counts_the_windows_past_tolerance_and_slack():
         table([200 + i * 0.5 for i in range(200)], ttft=0.12 + ABSOLUTE_SLACK_S / 2),  # within
         table([300 + i * 0.5 for i in range(200)], ttft=0.1, queue=0.5),  # queue 50x worse
     )
-    assert breach_seconds(run, lambda p: ref, [(0, 400)], 100, LIMITS) == 200
-    assert breach_seconds(run, lambda p: ref, [(0, 400)], 100, LIMITS[:1]) == 100
-    assert breach_seconds(run, lambda p: ref, [(0, 400)], 100, []) == 0
+    assert breach_seconds(run, lambda p: [ref], [(0, 400)], 100, LIMITS) == 200
+    assert breach_seconds(run, lambda p: [ref], [(0, 400)], 100, LIMITS[:1]) == 100
+    assert breach_seconds(run, lambda p: [ref], [(0, 400)], 100, []) == 0
+
+
+def test_a_run_is_charged_only_where_it_is_worse_than_both_the_untuned_arm_and_the_oracle():
+    oracle = table([i * 0.5 for i in range(400)], ttft=0.1)
+    untuned = table([i * 0.5 for i in range(400)], ttft=0.3)  # the initial arm: 3x the oracle
+    run = concat(
+        table([i * 0.5 for i in range(200)], ttft=0.3),  # 0-100 s: still untuned, as before
+        table([100 + i * 0.5 for i in range(200)], ttft=0.6),  # a trial twice as bad as that
+    )
+    assert breach_seconds(run, lambda p: [oracle], [(0, 200)], 100, LIMITS) == 200
+    assert breach_seconds(run, lambda p: [untuned, oracle], [(0, 200)], 100, LIMITS) == 100
+    # A reference without enough requests in a window is left out; with none, no judgement.
+    thin = table([1.0], ttft=0.1)
+    assert breach_seconds(run, lambda p: [untuned, thin], [(0, 200)], 100, LIMITS) == 100
+    assert breach_seconds(run, lambda p: [thin], [(0, 200)], 100, LIMITS) == 0
 
 
 def test_a_window_with_too_few_requests_is_not_judged():
     ref = table([float(i) for i in range(100)], ttft=0.1)
     run = table([1.0, 2.0, 3.0], ttft=5.0)
-    assert breach_seconds(run, lambda p: ref, [(0, 100)], 100, LIMITS) == 0
+    assert breach_seconds(run, lambda p: [ref], [(0, 100)], 100, LIMITS) == 0
 
 
 def test_two_samples_of_one_distribution_do_not_breach_but_a_real_shift_does():
@@ -85,9 +100,10 @@ def test_two_samples_of_one_distribution_do_not_breach_but_a_real_shift_does():
         )  # fmt: skip
 
     ref = bursty(1.0)
-    same = [breach_seconds(bursty(1.0), lambda p: ref, [(0, 300)], 100, LIMITS) for _ in range(20)]
+    refs = [ref]
+    same = [breach_seconds(bursty(1.0), lambda p: refs, [(0, 300)], 100, LIMITS) for _ in range(20)]
     assert sum(same) == 0
-    assert breach_seconds(bursty(5.0), lambda p: ref, [(0, 300)], 100, LIMITS) == 300
+    assert breach_seconds(bursty(5.0), lambda p: [ref], [(0, 300)], 100, LIMITS) == 300
 
 
 def test_the_p95_interval_brackets_the_estimate_and_narrows_with_more_requests():
