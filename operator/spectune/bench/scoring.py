@@ -21,20 +21,21 @@ Definitions (the bench JSON's fields):
   p95 and queue-time p95 (and e2e / TPOT p95 when the scenario sets those guardrails) are
   compared with the same figure of two references in the same window of their own
   simulations: the scenario's ``initial`` arm (what users had without tuning) and the
-  phase's oracle arm (the best there is). The window is breached when the run's p95
-  exceeds ``reference · (1 + tolerance) +`` :data:`ABSOLUTE_SLACK_S` for both references
-  *with confidence*: the lower end of the run's 95 % order-statistic interval of its p95
-  lies above that line drawn from the upper end of each reference's interval (the test the
-  controller's guardrails use, ``search.objective.quantile_interval``). A breach is harm
-  done by tuning — a trial or a promotion worse than both the untuned setting and the
-  best — not the distance of a poor initial setting from the oracle, which the
-  efficiencies measure: judged against the oracle alone, ``static:<initial>`` itself
-  breached for the whole run (kv-pressure: 2400 s of 2400), and a tuner until it had
-  promoted. Without it, two runs of the same arm differ by
-  more than 20 % in some windows — queueing p95s are bursty, and the simulator's request
-  stream diverges when it is advanced in different steps. Tolerances are the scenario's
+  phase's oracle arm (the best there is). The window is breached when the run's p95 exceeds
+  ``reference · (1 + tolerance) +`` :data:`ABSOLUTE_SLACK_S` for both references *with
+  confidence*: the lower end of the run's 95 % order-statistic interval of its p95 lies
+  above that line drawn from the upper end of each reference's interval (the test the
+  controller's guardrails use, ``search.objective.quantile_interval``). Without that
+  confidence, two runs of the same arm differ by more than 20 % in some windows — queueing
+  p95s are bursty, and the simulator's request stream diverges when it is advanced in
+  different steps. A breach is harm done by tuning — a trial or a promotion worse than both
+  the untuned setting and the best — not the distance of a poor initial setting from the
+  oracle, which the efficiencies measure: judged against the oracle alone,
+  ``static:<initial>`` itself breached for the whole run (kv-pressure, seed 13: 2400 s of
+  2400), and a tuner until it had promoted. Tolerances are the scenario's
   ``objective.guardrails``; without that block, TTFT and queue p95 at 0.2. Windows where
-  either side finished fewer than :data:`MIN_WINDOW_REQUESTS` requests are not judged.
+  the run, or every reference, finished fewer than :data:`MIN_WINDOW_REQUESTS` requests
+  are not judged; a reference short of them is left out.
   ``guardrail_breach_s`` is the summed length of breached windows.
 """
 

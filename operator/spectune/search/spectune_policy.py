@@ -407,12 +407,13 @@ class SpectunePolicy:
                 # promote it next, so it is tried first. One rollout fewer, the answer one
                 # trial sooner; the leader stays the fallback.
                 # Not while a load move goes on: the best k moves with it. Nor when the
-                # incumbent saturates or queues alone (the shortcut above): every minute
-                # it stays costs users its queue, and the refinement's lead is read at the
-                # trial's lighter load (kv-pressure on one replica: half the target's), so
-                # it waits for its own trial against the promoted leader (kv-pressure,
-                # seeds 15 and 17: deferred for eagle3/4's trial, the promotion of
-                # eagle3/8 or eagle3/3 over a queueing draft7b/4 came after the run's end).
+                # leader's lead rests on the incumbent saturating or queueing alone (the
+                # shortcut above): every minute the incumbent stays costs users its queue,
+                # and the refinement's lead is read at the trial's lighter load (one
+                # replica: half the target's), so it waits for its own trial against the
+                # promoted leader (kv-pressure, seeds 15 and 17: deferred for eagle3/4's
+                # trial, the promotion of eagle3/8 or eagle3/3 over a queueing draft7b/4
+                # came after the run's end).
                 sb = beliefs.arms[sure.name]
                 return decision(
                     DecisionKind.TRIAL,
