@@ -6,16 +6,19 @@ Run: python3 benchmarks/bench_all.py [--scenarios 'examples/scenarios/*.yaml']
 For each scenario the oracle (every candidate static arm) is computed first — or read from
 the on-disk cache (``$SPECTUNE_CACHE_DIR``, default ``~/.cache/spectune``) — and timed
 separately; then each policy runs through ``spectune.bench.runner.run_bench`` (the same
-code as ``spectune bench``). Prints efficiency, run_efficiency, trials and
-guardrail_breach_s per scenario × policy, each run's wall time (the oracle cached), and the
-total. ``static:<initial>`` is the untuned deployment (the scenario's ``initial`` arm).
+code as ``spectune bench``). Prints efficiency, run_efficiency, trials,
+guardrail_breach_s and the recovery after each model change (seconds until the target
+stays within 0.95 of the new oracle: ``bench/scoring.py``) per scenario × policy, each
+run's wall time (the oracle cached), and the total. ``static:<initial>`` is the untuned
+deployment (the scenario's ``initial`` arm).
 
 Then, when ``spectune`` ran, the issue's targets per scenario: its efficiency against every
 baseline's (``better`` / ``tie`` / ``worse``), and its trials against one full pass of
 ``grid`` — every candidate arm once, per search (the first, plus one per
-``model_version`` / ``route_mix`` event, which re-open it). Grid's own ``trials`` column
-is cut short by the scenario's length (a trial costs a restart and a window), so it is not
-the count grid needs to finish. Last, spectune's median and minimum efficiency.
+``model_version`` / ``route_mix`` event, which re-open it) — and its recovery. Grid's own
+``trials`` column is cut short by the scenario's length (a trial costs a restart and a
+window), so it is not the count grid needs to finish. Last, spectune's median and minimum
+efficiency.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ def main() -> int:
         "run_efficiency",
         "trials",
         "breach s",
+        "recovery s",
         "wall s",
     ):
         table.add_column(col, justify="left" if col in ("scenario", "policy") else "right")
@@ -88,7 +92,8 @@ def main() -> int:
         for policy in _policies(scenario.initial_arm.name, wanted):
             result = run_bench(scenario, policy, window_s=ns.window, jobs=ns.jobs)
             doc = result.to_json()
-            results.setdefault(scenario.name, {})[policy] = doc
+            recovery = _recovery(result.recoveries)
+            results.setdefault(scenario.name, {})[policy] = {**doc, "recovery": recovery}
             if ns.json:
                 print(json.dumps(doc), flush=True)
             table.add_row(
@@ -98,6 +103,7 @@ def main() -> int:
                 _fmt(doc["run_efficiency"]),
                 str(doc["trials"]),
                 _fmt(doc["guardrail_breach_s"], ".0f"),
+                recovery,
                 _fmt(doc["wall_seconds"], ".1f"),
             )
     console.print(table)
@@ -107,10 +113,18 @@ def main() -> int:
     return 0
 
 
+def _recovery(recoveries: tuple[tuple[float, float | None], ...]) -> str:
+    """Seconds after each model change until back within 0.95 of the oracle (runner.py)."""
+    if not recoveries:
+        return "–"
+    return ", ".join("never" if took is None else f"{took:.0f}" for _, took in recoveries)
+
+
 def _targets(results: dict[str, dict[str, dict[str, Any]]], grid_pass: dict[str, int]) -> Table:
     """spectune against the baselines and grid's full pass, per scenario."""
     table = Table(title="spectune against the targets")
-    for col in ("scenario", "efficiency", "vs baselines", "trials / grid pass"):
+    for col in ("scenario", "efficiency", "vs baselines", "trials / grid pass",
+                "recovery s"):  # fmt: skip
         table.add_column(col)
     effs = []
     for name, docs in results.items():
@@ -137,6 +151,7 @@ def _targets(results: dict[str, dict[str, dict[str, Any]]], grid_pass: dict[str,
             _fmt(eff),
             "; ".join(verdicts),
             f"{ours['trials']} / {grid_pass[name]} = {ratio:.2f}",
+            ours["recovery"],
         )
     if effs:
         table.caption = (

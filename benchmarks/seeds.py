@@ -15,7 +15,8 @@ oracles are cached as there. A single run swings between 0.2 and 1.0 on a small 
 timing, so quote a change by its runs up and down and its mean over all of them.
 
 Prints one row per scenario (median, minimum and mean efficiency, mean run_efficiency,
-mean trials, runs whose guardrail breach exceeds one window per trial) and the totals.
+mean trials, runs whose guardrail breach exceeds one window per trial, the slowest return
+within 0.95 of the oracle after a model change) and the totals.
 ``--out`` keeps every run's JSON, one per line; ``--compare`` reads such a file from an
 earlier run and lists the runs whose efficiency moved by 0.005 or more, with the counts up
 and down — the figure to quote for a change, against a baseline measured the same way —
@@ -114,7 +115,8 @@ def parse_seeds(text: str) -> list[str]:
 def _one(doc: dict[str, Any], seed: int, policy: str, window: float) -> dict[str, Any]:
     scenario = scenario_from_mapping(doc)
     result = run_bench(scenario, policy, seed=seed, window_s=window, jobs=1)
-    return dict(result.to_json())
+    # Beside the contract's keys: seconds until back within 0.95 after each model change.
+    return {**result.to_json(), "recovery_s": [took for _, took in result.recoveries]}
 
 
 def _key(doc: dict[str, Any]) -> tuple[str, int]:
@@ -169,7 +171,7 @@ def main() -> int:
 def _summary(runs: list[dict[str, Any]], policy: str, window: float) -> Table:
     table = Table(title=f"{policy} over seeds")
     cols = ("scenario", "runs", "median", "min", "mean", "run_eff mean", "trials mean",
-            "breach > window/trial")  # fmt: skip
+            "breach > window/trial", "worst recovery s")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="left" if col == "scenario" else "right")
     by: dict[str, list[dict[str, Any]]] = {}
@@ -186,8 +188,20 @@ def _summary(runs: list[dict[str, Any]], policy: str, window: float) -> Table:
             f"{statistics.fmean(r['run_efficiency'] for r in rs):.3f}",
             f"{statistics.fmean(r['trials'] for r in rs):.1f}",
             str(sum(_breached(r, window) for r in rs)),
+            _worst_recovery(rs),
         )
     return table
+
+
+def _worst_recovery(runs: list[dict[str, Any]]) -> str:
+    """The slowest return within 0.95 of the oracle after a model change ("never" if one
+    run did not return by its phase's end; "–" without model changes)."""
+    took = [t for r in runs for t in r.get("recovery_s", [])]
+    if not took:
+        return "–"
+    if any(t is None for t in took):
+        return f"never ({sum(t is None for t in took)} of {len(took)})"
+    return f"{max(took):.0f}"
 
 
 def _comparison(before: dict[tuple[str, int], dict[str, Any]], runs: list[dict[str, Any]]) -> str:

@@ -55,6 +55,9 @@ class SimStage:
         the target (a promotion that cannot start counts too: a pod was restarted for it).
     timeline
         ``(time, arm)`` at time 0 and at every promotion that changed the target.
+    served
+        ``(time, arm)`` at time 0 and whenever a rollout ended: from then on every pod of
+        the target runs ``arm``.
     """
 
     def __init__(self, fleet: Fleet, *, canary_replicas: int = 1, end_s: float) -> None:
@@ -73,6 +76,7 @@ class SimStage:
         self.promotion_failure: str | None = None
         self.trials = 0
         self.timeline: list[tuple[float, str]] = [(0.0, self.incumbent.name)]
+        self.served: list[tuple[float, str]] = [(0.0, self.incumbent.name)]
         self._configured: list[Arm] = [s.arm for s in fleet.states()]
         self._generation = [0] * n
         self._queue: list[int] = []
@@ -156,6 +160,8 @@ class SimStage:
         self._queue = [self.canary_idx[0], *old[:-1]] if surge else old
         self._retire = old[-1] if surge else None
         self._current = None
+        if not old:
+            self.served.append((self.now, arm.name))  # every pod already runs it
         self._roll()
 
     @property
@@ -174,6 +180,8 @@ class SimStage:
                 if not done:
                     return
                 self._current = None
+                if not self._queue:
+                    self.served.append((self.now, self.incumbent.name))
             if not self._queue:
                 if self._retire is not None:
                     self.fleet.park([self._retire])

@@ -132,6 +132,8 @@ def _print_summary(result: BenchResult) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from spectune.bench.scoring import RECOVERY_EFFICIENCY
+
     doc = result.to_json()
     console = Console()
     phases = Table(
@@ -163,6 +165,11 @@ def _print_summary(result: BenchResult) -> None:
     totals.add_row("guardrail breach", f"{doc['guardrail_breach_s']} s")
     promoted = ", ".join(f"{arm} @{t:.0f}s" for t, arm in result.promotions) or "none"
     totals.add_row("promotions", promoted)
+    for at, took in result.recoveries:
+        totals.add_row(
+            f"model change @{at:.0f}s: back within {RECOVERY_EFFICIENCY:g} of the oracle",
+            "not by the phase's end" if took is None else f"after {took:.0f} s",
+        )
     totals.add_row("simulated", f"{doc['sim_seconds']} s")
     totals.add_row("wall", f"{doc['wall_seconds']} s")
     console.print(totals)

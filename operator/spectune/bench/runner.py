@@ -27,6 +27,9 @@ Definitions (phases, objective values, efficiency ratios and guardrail breaches 
   replicas, whether or not the arm can start) and every promotion that changes the target's
   arm. Returning a canary's replicas to the incumbent is not counted (it undoes a trial).
 * ``guardrail_breach_s``: see ``bench/scoring.py``.
+* ``recoveries`` (beside the contract's object, in the bench's tables): for each
+  ``model_version`` event, the seconds until the target stays within 0.95 of the new
+  phase's oracle (``bench/scoring.py``).
 * ``sim_seconds``: the scenario's ``duration_s``; ``wall_seconds``: the whole command,
   oracle included.
 
@@ -57,6 +60,7 @@ from spectune.bench.scoring import (
     guardrail_limits,
     metric_value,
     phase_spans,
+    recovery_seconds,
 )
 from spectune.control.controller import Controller, ControllerConfig, Event
 from spectune.control.controller import Phase as LoopPhase
@@ -65,7 +69,7 @@ from spectune.search.arms import parse_arm
 from spectune.search.objective import Guardrails, Metric, Objective
 from spectune.search.policy import Policy, SearchSpace
 from spectune.sim.fleet import Fleet
-from spectune.sim.scenario import Scenario
+from spectune.sim.scenario import ModelVersionEvent, Scenario
 
 __all__ = ["BenchHooks", "BenchResult", "PhaseResult", "bench_objective", "run_bench"]
 
@@ -105,6 +109,9 @@ class BenchResult:
     best_static_arm: str = ""
     best_static_value: float = math.nan
     promotions: tuple[tuple[float, str], ...] = ()
+    recoveries: tuple[tuple[float, float | None], ...] = ()
+    """``(event time, recovery seconds or None)`` for each ``model_version`` event
+    (``bench/scoring.py``); not a field of the contract's object."""
     events: tuple[Event, ...] = field(default=(), repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -185,6 +192,31 @@ def _best(
         if not best_arm or better:
             best_arm, best_value = arm, v
     return best_arm, best_value
+
+
+def _recoveries(
+    scenario: Scenario,
+    phases: list[tuple[float, float]],
+    phase_best: list[tuple[str, float]],
+    served: list[tuple[float, str]],
+    oracle: Oracle,
+    metric: Metric,
+) -> tuple[tuple[float, float | None], ...]:
+    """``(event time, seconds until back within 0.95, or None)`` per model change."""
+    out = []
+    for ev in scenario.events:
+        if not isinstance(ev, ModelVersionEvent) or not 0.0 < ev.at_s < float(scenario.duration_s):
+            continue
+        p = next(i for i, (a, _) in enumerate(phases) if a == float(ev.at_s))
+        (start, end), best = phases[p], phase_best[p][1]
+
+        def phase_efficiency(arm: str, span: tuple[float, float] = (start, end),
+                             best: float = best) -> float:  # fmt: skip
+            value = metric_value(oracle.run(arm).requests, metric, *span)
+            return efficiency_ratio(best, value, metric.minimise)
+
+        out.append((start, recovery_seconds(start, end, served, phase_efficiency)))
+    return tuple(out)
 
 
 def sim_controller(
@@ -324,6 +356,7 @@ def run_bench(
     effs = [r.efficiency for r in rows if math.isfinite(r.efficiency)]
     best_arm, best_value = _best(runs, order, metric, 0.0, duration)
     run_value = metric_value(run_table, metric, 0.0, duration)
+    recoveries = _recoveries(scenario, phases, phase_best, stage.served, oracle, metric)
     untuned = oracle.run(scenario.initial_arm.name).requests
     breach = breach_seconds(
         run_table,
@@ -348,5 +381,6 @@ def run_bench(
         best_static_arm=best_arm,
         best_static_value=best_value,
         promotions=tuple(stage.timeline[1:]),
+        recoveries=recoveries,
         events=tuple(events),
     )

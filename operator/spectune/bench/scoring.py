@@ -37,6 +37,14 @@ Definitions (the bench JSON's fields):
   the run, or every reference, finished fewer than :data:`MIN_WINDOW_REQUESTS` requests
   are not judged; a reference short of them is left out.
   ``guardrail_breach_s`` is the summed length of breached windows.
+* **Recovery** after a ``model_version`` event (not a field of the contract's object; the
+  bench's tables and ``benchmarks/`` report it): the simulated seconds from the event until
+  the target serves, for the rest of the phase the event opens, arms within
+  :data:`RECOVERY_EFFICIENCY` of that phase's oracle — each arm judged by its efficiency
+  ratio over the phase from the oracle's static run of it, as ``efficiency`` judges the
+  final choice. The target serves an arm from the end of its rollout (time 0 for the
+  initial arm), not from the promotion's start. 0 when the arm served at the event is
+  already within it; None when the one served at the phase's end is not.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ABSOLUTE_SLACK_S",
     "MIN_WINDOW_REQUESTS",
+    "RECOVERY_EFFICIENCY",
     "GuardrailLimit",
     "RequestTable",
     "breach_seconds",
@@ -67,6 +76,7 @@ __all__ = [
     "metric_value",
     "p95_interval",
     "phase_spans",
+    "recovery_seconds",
     "score_windows",
 ]
 
@@ -171,6 +181,36 @@ def efficiency_ratio(best: float, value: float, minimise: bool) -> float:
     if not (math.isfinite(best) and math.isfinite(value)) or best <= 0 or value <= 0:
         return math.nan
     return best / value if minimise else value / best
+
+
+#: The efficiency ratio an arm must reach to count as recovered after a model change.
+RECOVERY_EFFICIENCY = 0.95
+
+
+def recovery_seconds(
+    event_s: float,
+    phase_end_s: float,
+    served: Sequence[tuple[float, str]],
+    efficiency: Callable[[str], float],
+    threshold: float = RECOVERY_EFFICIENCY,
+) -> float | None:
+    """Seconds from a model change at ``event_s`` until the target stays within
+    ``threshold`` of the phase's oracle (see the module docstring), or None.
+
+    ``served`` is ``(time, arm)`` at time 0 and at the end of every rollout, in time order;
+    ``efficiency(arm)`` the arm's efficiency ratio over the phase ``[event_s, phase_end_s)``.
+    """
+    at_event = [arm for t, arm in served if t <= event_s]
+    timeline = [(event_s, at_event[-1])] if at_event else []
+    timeline += [(t, arm) for t, arm in served if event_s < t < phase_end_s]
+    recovered: float | None = None
+    for t, arm in timeline:
+        ok = efficiency(arm) >= threshold
+        if ok and recovered is None:
+            recovered = t
+        elif not ok:
+            recovered = None
+    return None if recovered is None else recovered - event_s
 
 
 def phase_spans(scenario: Scenario) -> list[tuple[float, float]]:

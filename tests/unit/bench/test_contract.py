@@ -97,6 +97,21 @@ def test_the_oracle_is_the_best_static_arm_of_each_phase(
     assert not result.phases[1].oracle_arm.startswith("eagle3/")
 
 
+def test_recovery_after_a_model_change_is_measured_from_the_arms_served(
+    bench: Callable[..., BenchResult],
+):
+    # After the checkpoint that ruins the EAGLE head, a target left on EAGLE never gets back
+    # within 0.95 of the new oracle; one already on the new oracle's arm is back at once.
+    stuck = bench("static:eagle3/3", "drift")
+    assert stuck.recoveries == ((300.0, None),)
+    new_best = stuck.phases[1].oracle_arm
+    assert bench(f"static:{new_best}", "drift").recoveries == ((300.0, 0.0),)
+    # The contract's object is unchanged: recovery is reported beside it.
+    assert "recoveries" not in stuck.to_json()
+    # No model change, no recovery to report.
+    assert bench("static:off").recoveries == ()
+
+
 def test_static_on_the_oracle_arm_scores_one(bench: Callable[..., BenchResult]):
     oracle_arm = bench("static:off").phases[0].oracle_arm
     result = bench(f"static:{oracle_arm}")

@@ -124,6 +124,10 @@ def test_promotion_surges_onto_the_canary_slot_and_never_serves_fewer_replicas()
     assert [s.index for s in states if s.phase is Phase.PARKED] == list(stage.canary_idx)
     assert stage.incumbent_at(stage.now) == "eagle3/3"
     assert stage.incumbent_at(9.0) == "off"
+    # The target serves the new arm from the end of its rollout, not from the promotion.
+    (t0, first), (t1, arm) = stage.served
+    assert (t0, first, arm) == (0.0, "off", "eagle3/3")
+    assert t1 >= 10 + 3 * stage.fleet.scenario.target.restart_s
     # Promoting what runs changes nothing and costs nothing.
     stage.promote(Arm("eagle3", 3))
     assert stage.trials == 1 and not stage.rolling

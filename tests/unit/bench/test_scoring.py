@@ -13,6 +13,7 @@ from spectune.bench.scoring import (
     breach_seconds,
     metric_value,
     p95_interval,
+    recovery_seconds,
     score_windows,
 )
 from spectune.search.objective import Metric
@@ -113,3 +114,17 @@ def test_the_p95_interval_brackets_the_estimate_and_narrows_with_more_requests()
     assert small[1] <= small[0] <= small[2]
     assert large[2] - large[1] < small[2] - small[1]
     assert all(math.isnan(x) for x in p95_interval(np.zeros(0)))
+
+
+def test_recovery_is_the_time_until_the_served_arms_stay_within_the_threshold():
+    eff = {"old": 0.6, "good": 0.97, "near": 0.96, "bad": 0.8}.__getitem__
+    # Served at the event already good enough: recovered at once.
+    assert recovery_seconds(1800, 3600, [(0, "good")], eff) == 0
+    # Back once the rollout of a good arm ended, not at the promotion's start.
+    assert recovery_seconds(1800, 3600, [(0, "old"), (2400, "good")], eff) == 600
+    # A later, worse arm undoes it; the return after that is what counts.
+    served = [(0, "old"), (2000, "good"), (2500, "bad"), (3000, "near")]
+    assert recovery_seconds(1800, 3600, served, eff) == 1200
+    # Never back by the phase's end (a rollout ending after it does not count).
+    assert recovery_seconds(1800, 3600, [(0, "old"), (3700, "good")], eff) is None
+    assert recovery_seconds(1800, 3600, [(0, "old"), (2000, "good"), (3000, "bad")], eff) is None
