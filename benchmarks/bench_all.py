@@ -60,7 +60,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="one JSON object per run, per line")
     ns = ap.parse_args()
     wanted = ns.policies.split(",") if ns.policies else None
-    console = Console(stderr=ns.json)
+    console = Console(stderr=ns.json, width=160)
     table = Table(title="spectune bench: every policy on every scenario")
     for col in (
         "scenario",
