@@ -180,20 +180,28 @@ def quantile_interval(h: Histogram | None, q: float, z: float = 1.96) -> tuple[f
 
 
 def fitted_quantile_interval(
-    h: Histogram | None, q: float, z: float = 1.96
+    h: Histogram | None, q: float, z: float = 1.96, independent: float | None = None
 ) -> tuple[float, float, float]:
     """Like :func:`quantile_interval`, read from a gamma fitted to the histogram.
 
     Latency buckets are too coarse for linear interpolation to tell arms apart (see
     :mod:`spectune.core._quantile`); the fitted gamma keeps the exact mean and the bucket
     shares. Falls back to interpolation with fewer than 20 observations.
+
+    ``independent`` caps the sample size the interval's width is computed from (None: every
+    observation counts). A token-weighted histogram (SGLang's inter-token latency) holds
+    one observation per token, and the tokens of one request share its acceptance and its
+    batch: read as independent, they gave intervals five times too narrow (an A/A window
+    pair on sglang-mixed missed its own 95 % interval in 20 of 40 windows,
+    ``benchmarks/aa_intervals.py``). Its independent observations are about its requests.
     """
     if h is None or h.count < 20 or not h.mean > 0:
         return quantile_interval(h, q, z)
     n = h.count
-    half = z * math.sqrt(n * q * (1 - q))
-    lo_q = min(max((n * q - half) / n, 1e-6), 1 - 1e-6)
-    hi_q = min(max((n * q + half) / n, 1e-6), 1 - 1e-6)
+    m = min(n, independent) if independent is not None and independent > 0 else n
+    half = z * math.sqrt(q * (1 - q) / m)
+    lo_q = min(max(q - half, 1e-6), 1 - 1e-6)
+    hi_q = min(max(q + half, 1e-6), 1 - 1e-6)
     est, low, high = gamma_quantiles(h.bounds, h.cumulative, h.mean, (q, lo_q, hi_q))
     return est, low, high
 
@@ -235,7 +243,9 @@ def _mean_running(obs: Observation) -> float:
 
 def window_stats(obs: Observation, objective: Objective) -> WindowStats:
     """The figures of one group's observation, with the objective's value."""
-    tpot95, tpot_lo, tpot_hi = fitted_quantile_interval(obs.tpot, 0.95)
+    # At most one independent per-token latency per finished request (see the function).
+    finished = obs.e2e.count if obs.e2e is not None and obs.e2e.count > 0 else None
+    tpot95, tpot_lo, tpot_hi = fitted_quantile_interval(obs.tpot, 0.95, independent=finished)
     ttft95, ttft_lo, ttft_hi = fitted_quantile_interval(obs.ttft, 0.95)
     # Queue time has a mass at zero that no gamma fits: read it as Prometheus does.
     queue95, queue_lo, queue_hi = quantile_interval(obs.queue, 0.95)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from spectune.engines import Dialect
 from spectune.metrics import Histogram, Observation
 from spectune.search.objective import Metric, Objective, window_stats
@@ -44,3 +46,25 @@ def test_a_tpot_p95_the_buckets_cannot_place_is_marked_as_bounded_only() -> None
     # Only a TPOT objective is modelled from acceptance.
     e2e = Objective(Metric.E2E_P95)
     assert math.isnan(window_stats(obs, e2e).objective_bound)
+
+
+def test_a_token_weighted_tpot_histogram_is_as_sure_as_its_requests_not_its_tokens() -> None:
+    # SGLang's inter-token latency counts every token; 40 000 of them from 200 requests.
+    # Each request's tokens share its acceptance and batch: the p95's interval is as wide
+    # as 200 observations give, not 40 000.
+    bounds = (0.01, 0.02, 0.04, 0.06, 0.08, math.inf)
+    shares = (0.05, 0.55, 0.90, 0.97, 1.0, 1.0)
+    e2e = Histogram((5.0, 10.0, 20.0, math.inf), (50.0, 150.0, 200.0, 200.0), 1600.0, 200)
+
+    def stats(tokens: int, finished: Histogram | None) -> tuple[float, float]:
+        tpot = Histogram(bounds, tuple(s * tokens for s in shares), 0.025 * tokens, tokens)
+        obs = Observation(Dialect.SGLANG, 300.0, ("pod-0",), None, tpot=tpot, e2e=finished)
+        s = window_stats(obs, Objective())
+        return s.objective, math.log(s.objective_high / s.objective_low)
+
+    p95, width = stats(40_000, e2e)
+    same_p95, as_if_200 = stats(200, None)
+    assert p95 == pytest.approx(same_p95)  # the estimate is the histogram's either way
+    assert width == pytest.approx(as_if_200)  # the width is 200 requests'
+    _, as_if_independent = stats(40_000, None)
+    assert width > 10 * as_if_independent
