@@ -82,6 +82,8 @@ class WindowStats:
     objective_low: float
     objective_high: float
     requests: float
+    """Requests finished in the window (the end-to-end histogram's count; without one, the
+    per-token histogram's): what evidence thresholds and load figures count."""
     tpot_mean: float
     tpot_p95: float
     ttft_p95: float
@@ -282,7 +284,7 @@ def window_stats(obs: Observation, objective: Objective) -> WindowStats:
         objective=value,
         objective_low=low,
         objective_high=high,
-        requests=obs.tpot.count if obs.tpot is not None else 0.0,
+        requests=finished if finished is not None else (obs.tpot.count if obs.tpot else 0.0),
         tpot_mean=_mean(obs.tpot),
         tpot_p95=tpot95,
         ttft_p95=ttft95,

@@ -68,3 +68,8 @@ def test_a_token_weighted_tpot_histogram_is_as_sure_as_its_requests_not_its_toke
     assert width == pytest.approx(as_if_200)  # the width is 200 requests'
     _, as_if_independent = stats(40_000, None)
     assert width > 10 * as_if_independent
+    # The window's requests are its finished requests, not its tokens: the minimum evidence
+    # per trial and the offered load (requests per second) count requests on SGLang too.
+    tpot = Histogram(bounds, tuple(s * 40_000 for s in shares), 1000.0, 40_000)
+    obs = Observation(Dialect.SGLANG, 300.0, ("pod-0",), None, tpot=tpot, e2e=e2e)
+    assert window_stats(obs, Objective()).requests == 200
