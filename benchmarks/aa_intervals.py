@@ -28,15 +28,12 @@ from rich.table import Table
 from spectune.bench.adapters import SimGroupMetrics, SimStage
 from spectune.bench.runner import bench_objective
 from spectune.control.ports import Group
-from spectune.search.objective import WindowStats, window_stats
+from spectune.search.model import _side_spread
+from spectune.search.objective import window_stats
 from spectune.sim.fleet import Fleet
 from spectune.sim.scenario import Scenario, load_scenario
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "scenarios"
-
-
-def _spread(s: WindowStats) -> float:
-    return (math.log(s.objective_high) - math.log(s.objective_low)) / (2 * 1.96)
 
 
 def aa_windows(
@@ -60,7 +57,7 @@ def aa_windows(
         can = window_stats(groups[Group.CANARY], objective)
         inc = window_stats(groups[Group.INCUMBENT], objective)
         ratio = math.log(can.objective) - math.log(inc.objective)
-        spread = math.hypot(_spread(can), _spread(inc))
+        spread = math.hypot(_side_spread(can), _side_spread(inc))
         if math.isfinite(ratio) and math.isfinite(spread):
             out.append((ratio, spread))
     return out

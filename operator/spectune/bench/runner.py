@@ -209,13 +209,13 @@ def _recoveries(
             continue
         p = next(i for i, (a, _) in enumerate(phases) if a == float(ev.at_s))
         (start, end), best = phases[p], phase_best[p][1]
-
-        def phase_efficiency(arm: str, span: tuple[float, float] = (start, end),
-                             best: float = best) -> float:  # fmt: skip
-            value = metric_value(oracle.run(arm).requests, metric, *span)
-            return efficiency_ratio(best, value, metric.minimise)
-
-        out.append((start, recovery_seconds(start, end, served, phase_efficiency)))
+        efficiency = {
+            arm: efficiency_ratio(
+                best, metric_value(oracle.run(arm).requests, metric, start, end), metric.minimise
+            )
+            for _, arm in served
+        }
+        out.append((start, recovery_seconds(start, end, served, efficiency)))
     return tuple(out)
 
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -191,21 +191,22 @@ def recovery_seconds(
     event_s: float,
     phase_end_s: float,
     served: Sequence[tuple[float, str]],
-    efficiency: Callable[[str], float],
+    efficiency: Mapping[str, float],
     threshold: float = RECOVERY_EFFICIENCY,
 ) -> float | None:
     """Seconds from a model change at ``event_s`` until the target stays within
     ``threshold`` of the phase's oracle (see the module docstring), or None.
 
     ``served`` is ``(time, arm)`` at time 0 and at the end of every rollout, in time order;
-    ``efficiency(arm)`` the arm's efficiency ratio over the phase ``[event_s, phase_end_s)``.
+    ``efficiency[arm]`` each served arm's efficiency ratio over the phase
+    ``[event_s, phase_end_s)``.
     """
     at_event = [arm for t, arm in served if t <= event_s]
     timeline = [(event_s, at_event[-1])] if at_event else []
     timeline += [(t, arm) for t, arm in served if event_s < t < phase_end_s]
     recovered: float | None = None
     for t, arm in timeline:
-        ok = efficiency(arm) >= threshold
+        ok = efficiency[arm] >= threshold
         if ok and recovered is None:
             recovered = t
         elif not ok:

@@ -247,6 +247,7 @@ def window_stats(obs: Observation, objective: Objective) -> WindowStats:
     """The figures of one group's observation, with the objective's value."""
     # At most one independent per-token latency per finished request (see the function).
     finished = obs.e2e.count if obs.e2e is not None and obs.e2e.count > 0 else None
+    tpot_count = obs.tpot.count if obs.tpot is not None else 0.0
     tpot95, tpot_lo, tpot_hi = fitted_quantile_interval(obs.tpot, 0.95, independent=finished)
     ttft95, ttft_lo, ttft_hi = fitted_quantile_interval(obs.ttft, 0.95)
     # Queue time has a mass at zero that no gamma fits: read it as Prometheus does.
@@ -284,7 +285,7 @@ def window_stats(obs: Observation, objective: Objective) -> WindowStats:
         objective=value,
         objective_low=low,
         objective_high=high,
-        requests=finished if finished is not None else (obs.tpot.count if obs.tpot else 0.0),
+        requests=finished if finished is not None else tpot_count,
         tpot_mean=_mean(obs.tpot),
         tpot_p95=tpot95,
         ttft_p95=ttft95,

@@ -117,7 +117,7 @@ def test_the_p95_interval_brackets_the_estimate_and_narrows_with_more_requests()
 
 
 def test_recovery_is_the_time_until_the_served_arms_stay_within_the_threshold():
-    eff = {"old": 0.6, "good": 0.97, "near": 0.96, "bad": 0.8}.__getitem__
+    eff = {"old": 0.6, "good": 0.97, "near": 0.96, "bad": 0.8}
     # Served at the event already good enough: recovered at once.
     assert recovery_seconds(1800, 3600, [(0, "good")], eff) == 0
     # Back once the rollout of a good arm ended, not at the promotion's start.
