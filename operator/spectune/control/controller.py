@@ -484,9 +484,14 @@ class Controller:
             return
         st = self.state
         p1 = _first_position(inc)
-        if st.reference_acceptance is None or st.reference_running is None:
-            # The first full window on the promoted setting is the reference.
-            self.state = replace(st, reference_acceptance=p1, reference_running=inc.running)
+        reference = st.reference_acceptance
+        if reference is None or not math.isfinite(reference) or st.reference_running is None:
+            # The first full window on the promoted setting that counts drafts is the
+            # reference. One without (a pod just started: the metric source has no rate
+            # of its counters yet) is not: a NaN reference would switch drift detection
+            # off for good.
+            if math.isfinite(p1):
+                self.state = replace(st, reference_acceptance=p1, reference_running=inc.running)
             return
         cfg = self.config
         converged = st.converged_at_s

@@ -277,6 +277,39 @@ def test_an_acceptance_drop_that_persists_is_drift() -> None:
 
 
 @dataclass
+class NoCountersAtFirst(FakeFleet):
+    """A FAKE fleet whose incumbent reports no speculative counters in its next windows,
+    as a metric source does for a pod that has just started (no rate of its counters yet)."""
+
+    blank_windows: int = 0
+
+    def _target(self, window_s: float, share: float, queue_s: float | None = None) -> Observation:
+        obs = super()._target(window_s, share, queue_s)
+        if self.blank_windows > 0:
+            self.blank_windows -= 1
+            return replace(obs, spec=None)
+        return obs
+
+
+def test_a_monitoring_window_without_counters_is_not_the_drift_reference() -> None:
+    clock = FakeClock()
+    fleet = NoCountersAtFirst(WORLD, clock, parse_arm("eagle3/8"))
+    c, events = make(fleet, clock, drift_for_s=900, drift_action=DriftAction.ALERT)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    fleet.blank_windows = 2
+    asyncio.run(c.step())
+    asyncio.run(c.step())
+    assert c.state.reference_acceptance is None  # nothing to compare with yet
+    asyncio.run(c.step())  # the first window that counts drafts
+    reference = c.state.reference_acceptance
+    assert reference is not None and 0 < reference < 1
+    # ...so a drop after it is still caught.
+    fleet.acceptance_scale = 0.7
+    run_until(c, lambda: c.state.phase is Phase.DRIFTED, limit=10)
+    assert [e.reason for e in events].count("AcceptanceDrift") == 1
+
+
+@dataclass
 class LongerRequestsWhenDropped(FakeFleet):
     """Open-loop traffic: after an acceptance drop every request needs more passes, so the
     same requests per second keep a larger batch running (Little's law)."""
