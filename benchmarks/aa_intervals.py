@@ -5,9 +5,10 @@ Run: python3 benchmarks/aa_intervals.py [--scenarios 'examples/scenarios/*.yaml'
 
 The canary and the incumbent run the same arm on the same traffic, so the true ratio of
 their objectives is 1. For each window the script reads both groups' figures the way the
-policy does (the simulator's exposition text → ``window_stats``), and compares the log
-ratio with the 95 % interval the two sides' quantile intervals claim for it (the spread the
-model's measured arms start from, ``search/model.py``). A calibrated interval misses about
+policy does (the simulator's exposition text → ``window_stats``), pairs them as the model
+does (``search/model.py``: a p95 the per-token histogram hides is read from the acceptance
+counters, and a window's spread is floored at ``MEASURED_FLOOR``), and compares the log
+ratio with the 95 % interval that pair claims for it. A calibrated interval misses about
 5 % of the windows; one that misses far more makes the policy sure of differences that are
 noise. Prints, per scenario: windows, the median claimed spread, the actual spread of the
 log ratio (its standard deviation over the windows), and the misses.
@@ -28,8 +29,8 @@ from rich.table import Table
 from spectune.bench.adapters import SimGroupMetrics, SimStage
 from spectune.bench.runner import bench_objective
 from spectune.control.ports import Group
-from spectune.search.model import _side_spread
-from spectune.search.objective import window_stats
+from spectune.search.model import MEASURED_FLOOR, _Tails
+from spectune.search.objective import WindowStats, window_stats
 from spectune.sim.fleet import Fleet
 from spectune.sim.scenario import Scenario, load_scenario
 
@@ -48,6 +49,8 @@ def aa_windows(
     metrics = SimGroupMetrics(stage)
     objective = bench_objective(scenario)
     out = []
+    arm = scenario.initial_arm
+    seen: list[WindowStats] = []
     for _ in range(windows):
         if stage.now + window_s > stage.end_s:
             break
@@ -56,8 +59,13 @@ def aa_windows(
             continue
         can = window_stats(groups[Group.CANARY], objective)
         inc = window_stats(groups[Group.INCUMBENT], objective)
-        ratio = math.log(can.objective) - math.log(inc.objective)
-        spread = math.hypot(_side_spread(can), _side_spread(inc))
+        # Read the pair as the model does: a p95 the histogram hides is modelled from the
+        # acceptance counters seen so far (search/model.py, _Tails).
+        seen += [can, inc]
+        tails = _Tails({arm.drafter: seen} if arm.drafter else {})
+        can_v, inc_v, spread = tails.pair(can, arm.name, inc, arm.name)
+        spread = max(spread, MEASURED_FLOOR)  # the floor a measured window is given
+        ratio = math.log(can_v) - math.log(inc_v)
         if math.isfinite(ratio) and math.isfinite(spread):
             out.append((ratio, spread))
     return out
