@@ -8,24 +8,19 @@ token, all under vLLM's first 10 ms bound, which is that case.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 from types import ModuleType
 
 from spectune.search.model import MEASURED_FLOOR
 from spectune.sim.scenario import load_scenario
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[3]
-SCRIPT = ROOT / "benchmarks" / "aa_intervals.py"
 
 
 def _aa() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("aa_intervals_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/aa_intervals.py")
 
 
 def test_an_aa_window_claims_the_spread_the_model_gives_it() -> None:

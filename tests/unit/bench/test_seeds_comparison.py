@@ -7,20 +7,14 @@ multi-phase scenario's mean per phase, and a reader can tell the two apart.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "seeds.py"
+from tests.scripts import load_script
 
 
 def _seeds() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("seeds_script", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/seeds.py")
 
 
 def _run(seed: int, *phases: float) -> dict[str, Any]:

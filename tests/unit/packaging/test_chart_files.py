@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -11,16 +10,14 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.scripts import load_script
+
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "spectune"
 
 
 def _readme_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("chart_readme", REPO / "hack" / "chart-readme.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("hack/chart-readme.py")
 
 
 def test_chart_crds_are_byte_identical_to_the_generated_crds() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -13,6 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[3]
 DASHBOARD = REPO / "dashboards" / "spectune.json"
@@ -33,11 +34,7 @@ _NAME = re.compile(r"\b(?:spectune[:_][a-z0-9_:]*[a-z0-9]|vllm:[a-z0-9_:]*[a-z0-
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dashboard", REPO / "hack" / "dashboard.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("hack/dashboard.py")
 
 
 def _model() -> dict[str, Any]:
