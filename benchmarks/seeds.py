@@ -6,10 +6,11 @@ Run: python3 benchmarks/seeds.py [--policy spectune] [--seeds file,11-20] [--job
 ``bench_all.py`` runs each shipped scenario on its own seed, which is one draw of its
 traffic: a change to the policy can lift that draw and sink others. This script runs one
 policy on every shipped scenario and on :data:`VARIANTS` — the same worlds moved to another
-regime (busier, more replicas, the ramp the other way, an 8B target whose requests accept
-alike), as the unseen scenarios of the issue's evaluation would be — over many seeds (the
+regime (busier, more replicas, the ramp the other way or faster, an 8B target whose
+requests accept alike, summaries that turn into chat), as the unseen scenarios of the
+issue's evaluation would be — over many seeds (the
 file's own, then 11–20 by default; ``--seeds file,11-40`` narrows a mean's noise 1.7×
-more, in about four minutes once its oracles are cached, half an hour before). Each run
+more, in about five minutes once its oracles are cached, half an hour before). Each run
 goes through ``spectune.bench.runner.run_bench`` (the code of ``spectune bench``); the
 oracles are cached as there. A single run swings between 0.2 and 1.0 on a small change of
 timing, so quote a change by its runs up and down and its mean over all of them.
@@ -78,6 +79,33 @@ small-alike:          # an 8B target under 10 ms per token whose requests accept
         acceptance:
           eagle3: {alpha: 0.80, decay: 0.97, spread: 60}
           ngram: {alpha: 0.30, decay: 0.90, spread: 2}
+ngram-shift:          # summaries turn into chat at 1500 s: ngram's best world becomes eagle3's,
+  base: summarize-ngram.yaml                # and per-token latencies split into two modes
+  set:
+    duration_s: 3600
+    routes:
+      - name: summarize
+        share: 1.0
+        prompt_tokens: {dist: lognormal, mean: 5000, sigma: 0.5, max: 16000}
+        output_tokens: {dist: lognormal, mean: 350, sigma: 0.5, max: 1500}
+        acceptance:
+          eagle3: {alpha: 0.55, decay: 0.93, spread: 6}
+          ngram: {alpha: 0.88, decay: 0.99, spread: 12}
+      - name: chat
+        share: 0.0
+        prompt_tokens: {dist: lognormal, mean: 600, sigma: 0.8, max: 8000}
+        output_tokens: {dist: lognormal, mean: 300, sigma: 0.7, max: 2048}
+        acceptance:
+          eagle3: {alpha: 0.78, decay: 0.97, spread: 8}
+          ngram: {alpha: 0.25, decay: 0.90, spread: 2}
+    load: [{at_s: 0, requests_per_s: 1.0}]
+    events: [{at_s: 1500, kind: route_mix, shares: {summarize: 0.2, chat: 0.8}}]
+ramp-fast:            # load-ramp's ramp in half the time, to a lower top
+  base: load-ramp.yaml
+  set:
+    events:
+      - {at_s: 1200, kind: load, requests_per_s: 0.3, ramp_to: 8.0, over_s: 600}
+      - {at_s: 1800, kind: load, requests_per_s: 8.0}
 """)
 
 
