@@ -304,7 +304,8 @@ class _Tails:
         hidden tail that cannot be modelled (its drafter seen at fewer than three
         positions since the model changed) keeps the histogram's figure, and then so does
         the other side: a modelled p95 against the gamma fit's guess would compare two
-        different things.
+        different things. A side the fit misread at a light load (:meth:`_misread`) is
+        modelled beside a placed one: both are then the best reading there is of a p95.
         """
         rc = self._ratio(can, can_arm) or self._misread(can, can_arm)
         ri = self._ratio(inc, inc_arm) or self._misread(inc, inc_arm)
