@@ -213,7 +213,7 @@ def _recoveries(
             arm: efficiency_ratio(
                 best, metric_value(oracle.run(arm).requests, metric, start, end), metric.minimise
             )
-            for _, arm in served
+            for arm in {arm for _, arm in served}
         }
         out.append((start, recovery_seconds(start, end, served, efficiency)))
     return tuple(out)

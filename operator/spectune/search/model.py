@@ -250,10 +250,9 @@ class _Tails:
             if fit is not None:
                 self.spreads[drafter] = fit
 
-    def _ratio(self, s: WindowStats, arm_name: str) -> float | None:
-        """p95 over mean for a window whose histogram hid its tail; None if unknown."""
-        if math.isnan(s.objective_bound) or not s.tpot_mean > 0:
-            return None
+    def _acceptance_ratio(self, arm_name: str) -> float | None:
+        """p95 over mean that the spread of acceptance across requests gives an arm: 1 for
+        ``off``; None for a schedule or a drafter whose spread is not known."""
         arm = _arm_of(arm_name)
         if arm is None or arm.schedule is not None:
             return None
@@ -261,6 +260,12 @@ class _Tails:
             return 1.0
         spread = self.spreads.get(arm.drafter)
         return tail_ratio(spread, arm.k) if spread is not None else None
+
+    def _ratio(self, s: WindowStats, arm_name: str) -> float | None:
+        """p95 over mean for a window whose histogram hid its tail; None if unknown."""
+        if math.isnan(s.objective_bound) or not s.tpot_mean > 0:
+            return None
+        return self._acceptance_ratio(arm_name)
 
     def _misread(self, s: WindowStats, arm_name: str) -> float | None:
         """p95 over mean for a window whose histogram placed its p95 below where
@@ -283,15 +288,8 @@ class _Tails:
             return None
         if saturated(s) or not s.tpot_mean > 0 or not s.objective_low > 0:
             return None
-        arm = _arm_of(arm_name)
-        if arm is None or arm.schedule is not None or arm.drafter is None:
-            return None
-        spread = self.spreads.get(arm.drafter)
-        if spread is None:
-            return None
-        ratio = tail_ratio(spread, arm.k)
-        modelled = s.tpot_mean * ratio
-        return ratio if modelled > s.objective_high else None
+        ratio = self._acceptance_ratio(arm_name) if arm_name != OFF.name else None
+        return ratio if ratio is not None and s.tpot_mean * ratio > s.objective_high else None
 
     def pair(
         self, can: WindowStats, can_arm: str, inc: WindowStats, inc_arm: str
