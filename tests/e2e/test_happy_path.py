@@ -119,6 +119,19 @@ class World:
         metric = bench_objective(self.scenario).metric
         return metric_value(run.requests, metric, 0.0, float(self.scenario.duration_s))
 
+    def trial_log(self) -> str:
+        """The status's trials as the user reads them: each arm, its objective on the canary
+        and on the incumbent, and the policy's reason, one per line (a failed near-oracle
+        check names the trial whose evidence promoted the wrong arm)."""
+        lines = []
+        for t in self.status().get("trials") or []:
+            lines.append(
+                f"  {t.get('arm')} vs {t.get('incumbent')}: {t.get('outcome')}, "
+                f"{t.get('windows')} windows, canary {t.get('canaryObjective')} / "
+                f"incumbent {t.get('incumbentObjective')}; {str(t.get('reason'))[:400]}"
+            )
+        return "\n".join(lines)
+
     def why(self) -> str:
         s = self.status()
         trials = [(t.get("arm"), t.get("outcome")) for t in s.get("trials") or []]
@@ -287,7 +300,7 @@ def _assert_near_oracle(world: World, arm: str) -> None:
     ratio = world.best_value / value
     assert ratio >= NEAR_ORACLE, (
         f"promoted {arm} ({value * 1e3:.2f} ms tpotP95) is {ratio:.3f} of the oracle's "
-        f"{world.best_arm} ({world.best_value * 1e3:.2f} ms)"
+        f"{world.best_arm} ({world.best_value * 1e3:.2f} ms); trials:\n{world.trial_log()}"
     )
 
 

@@ -42,6 +42,13 @@ __all__ = ["Controller", "ControllerConfig", "ControllerState", "Event", "Phase"
 #: rates' Poisson noise is then within about ±15 %, far inside the load-shift factor).
 MIN_LOAD_REQUESTS = 50
 
+#: Least share of a trial's first window that the canary's counters must span for the window
+#: to count. A canary that just became ready is first scraped up to a scrape interval (or,
+#: with file-based discovery, a refresh) later, and Prometheus has nothing of it before:
+#: a window it saw a tenth of holds a tenth of the requests, stretched to look whole, and
+#: one short window can promote an arm by luck. Such a window is measured again, once.
+MIN_COVERED = 0.5
+
 
 class Phase(enum.Enum):
     """The SpecTuning phases (DESIGN.md §3)."""
@@ -160,9 +167,32 @@ class Controller:
         return None
 
     async def _observe(self) -> tuple[float, dict[Group, WindowStats]]:
+        start, stats, _ = await self._observe_covered()
+        return start, stats
+
+    async def _observe_covered(
+        self,
+    ) -> tuple[float, dict[Group, WindowStats], dict[Group, float | None]]:
+        """One window: its start, each group's figures, and the share of it each group's
+        counters span (``Observation.covered``; None when the source read it whole)."""
         start = self.clock.now()
         groups = await self.metrics.observe(self.config.window_s)
-        return start, {g: window_stats(o, self.objective) for g, o in groups.items()}
+        stats = {g: window_stats(o, self.objective) for g, o in groups.items()}
+        return start, stats, {g: o.covered for g, o in groups.items()}
+
+    async def _trial_window(self, running: TrialRecord) -> tuple[float, dict[Group, WindowStats]]:
+        """A window of a running trial; its first is measured again, once, when the
+        canary's counters span less than :data:`MIN_COVERED` of it."""
+        start, stats, covered = await self._observe_covered()
+        seen = covered.get(Group.CANARY)
+        if not running.windows and seen is not None and seen < MIN_COVERED:
+            self._event(
+                "WindowRepeated",
+                f"{running.arm}: the canary's metrics cover {seen:.0%} of the trial's first "
+                "window (Prometheus first scraped it late); measuring the window again",
+            )
+            start, stats, _ = await self._observe_covered()
+        return start, stats
 
     # -- re-triggers ------------------------------------------------------------------------
 
@@ -268,7 +298,7 @@ class Controller:
                     await self.clock.sleep(self.config.poll_s)
                 return
             else:
-                start, stats = await self._observe()
+                start, stats = await self._trial_window(running)
                 w = WindowRecord(
                     start,
                     self.clock.now(),

@@ -128,6 +128,12 @@ class Observation:
     e2e: Histogram | None = None
     resets: tuple[str, ...] = ()
     failed_pods: Mapping[str, str] = field(default_factory=dict)
+    covered: float | None = None
+    """Share of the window that the least-seen pod's counters span (from Prometheus: its
+    first sample in the window to its last). Below 1 by about one scrape interval when
+    every pod served throughout; far below it when Prometheus first scraped a pod late in
+    the window (a pod that just became ready), whose increases are then stretched from a
+    fraction of it. None when the source read pages at both ends of the whole window."""
 
     @property
     def speculating(self) -> bool:

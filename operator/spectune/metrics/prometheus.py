@@ -14,6 +14,7 @@ import itertools
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from prometheus_api_client import PrometheusConnect
@@ -170,10 +171,10 @@ class PrometheusSource:
             raise NoDataError(
                 f"the selector {{{self._body}}} matches no {dialect.value} series at {self._url}"
             )
-        before, after = _pages_from_ranges(rows, dialect, window_s, cat)
+        before, after, covered = _pages_from_ranges(rows, dialect, window_s, cat)
         if not after:
             raise NoDataError(f"the selector {{{self._body}}} matches no pod at {self._url}")
-        return observation_from_pages(before, after, window_s)
+        return replace(observation_from_pages(before, after, window_s), covered=covered)
 
     async def is_online(self) -> bool:
         """Whether Prometheus answers a trivial query."""
@@ -210,8 +211,9 @@ _TARGET_LABELS = ("job", "instance", "pod", "namespace")
 
 def _pages_from_ranges(
     rows: Result, dialect: Dialect, window_s: float, cat: Catalogue
-) -> tuple[list[Snapshot], list[Snapshot]]:
-    """Per-pod start and end snapshots equivalent to the window's raw samples.
+) -> tuple[list[Snapshot], list[Snapshot], float]:
+    """Per-pod start and end snapshots equivalent to the window's raw samples, and the
+    share of the window the least-seen pod's counters span (``Observation.covered``).
 
     The start page holds each cumulative series' first sample; the end page holds it plus
     the reset-aware increase over the samples, stretched to the whole window (samples
@@ -227,6 +229,7 @@ def _pages_from_ranges(
     cumulative |= {h + part for h in _histograms(cat) for part in ("_bucket", "_sum", "_count")}
     start: dict[str, dict[str, list[Sample]]] = {}
     end: dict[str, dict[str, list[Sample]]] = {}
+    spans: dict[str, float] = {}
     for row in rows:
         metric = dict(row.get("metric", {}))
         name = str(metric.pop("__name__", ""))
@@ -238,6 +241,7 @@ def _pages_from_ranges(
         if name in cumulative:
             first = points[0][1]
             span = points[-1][0] - points[0][0]
+            spans[pod] = max(spans.get(pod, 0.0), span)
             stretch = min(window_s / span, 2.0) if span > 0 else 1.0
             last = first + _increase([v for _, v in points]) * stretch
         else:
@@ -251,7 +255,8 @@ def _pages_from_ranges(
             for pod, series in sorted(pages.items())
         ]
 
-    return snapshots(start), snapshots(end)
+    covered = min((min(span / window_s, 1.0) for span in spans.values()), default=0.0)
+    return snapshots(start), snapshots(end), covered
 
 
 def _points(row: Mapping[str, Any]) -> list[tuple[float, float]]:

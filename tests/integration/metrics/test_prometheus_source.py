@@ -139,6 +139,25 @@ def test_diagnose_cli_prometheus_matches_saved_pages(
     assert [f["code"] for f in a["findings"]] == [f["code"] for f in b["findings"]]
 
 
+def test_a_pod_first_scraped_late_in_the_window_covers_only_part_of_it(
+    prometheus: Prometheus, fleet: list[AdvancingPod]
+) -> None:
+    """A canary that just became ready is in Prometheus only from its first scrape: the
+    window's figures for it come from a fraction of the window, and ``covered`` says so
+    (the controller measures such a first trial window again)."""
+    whole = asyncio.run(PrometheusSource(prometheus.url, SPEC).observe(WINDOW, at=time.time() - 2))
+    assert whole.covered is not None and whole.covered >= 0.8, whole.covered
+    rates = PodRates(drafts_per_s=400, survival=(0.8, 0.6, 0.45, 0.3), tpot_s=0.016)
+    with advancing_pods([rates]) as (pod,):
+        prometheus.register_target(pod.address, {"namespace": "llm", "pod": "late-0"})
+        late = '{namespace="llm",pod="late-0"}'
+        prometheus.wait_for_series(f"vllm:num_requests_running{late}")
+        time.sleep(3)  # a few scrapes: about 3 s of a 20 s window
+        seen = asyncio.run(PrometheusSource(prometheus.url, late).observe(WINDOW))
+    assert seen.pods == ("late-0",)
+    assert seen.covered is not None and 0.0 < seen.covered < 0.5, seen.covered
+
+
 def test_a_selector_that_matches_nothing_is_no_data(prometheus: Prometheus, fleet: list) -> None:
     source = PrometheusSource(prometheus.url, '{namespace="nowhere"}')
     with pytest.raises(NoDataError, match="matches no"):

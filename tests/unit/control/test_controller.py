@@ -88,6 +88,10 @@ class FakeFleet:
     """Pods of the incumbent group."""
     queue_alone_s: float | None = None
     """The incumbent's queue time when no canary runs beside it (``queue_s`` if None)."""
+    canary_covered: tuple[float, ...] = ()
+    """Share of each of a canary's windows its metrics cover, in order from its first
+    (``Observation.covered``: Prometheus scraped a new pod late); None after these."""
+    canary_windows: int = 0
 
     async def deployment(self) -> Deployment:
         failure = None
@@ -99,6 +103,7 @@ class FakeFleet:
     async def start_canary(self, arm: Arm) -> None:
         self.starts.append(arm.name)
         self.canary = arm
+        self.canary_windows = 0
         self.canary_ready_at = self.clock.t + self.restart_s
 
     async def stop_canary(self) -> None:
@@ -137,9 +142,12 @@ class FakeFleet:
             # is the service, and the incumbent's figures are a replay at the same load.
             can_share = 1.0 if self.in_place else 1 / 3
             inc_share = 1.0 if self.in_place else 2 / 3
+            plan, i = self.canary_covered, self.canary_windows
+            self.canary_windows += 1
+            covered = plan[i] if i < len(plan) else None
             return {
                 Group.INCUMBENT: self._target(window_s, inc_share),
-                Group.CANARY: self._obs(self.canary, window_s, can_share),
+                Group.CANARY: replace(self._obs(self.canary, window_s, can_share), covered=covered),
             }
         return {Group.INCUMBENT: self._target(window_s, 1.0, self.queue_alone_s)}
 
@@ -195,6 +203,31 @@ def test_baseline_trials_promotion_then_monitoring() -> None:
     assert all(a != b for a, b in itertools.pairwise(c.history.promotions))
     assert len(fleet.promotions) == len(c.history.promotions)
     assert len(fleet.starts) <= 6
+
+
+def test_a_first_trial_window_prometheus_saw_little_of_is_measured_again_once() -> None:
+    # Every canary is first scraped a tenth into its first window and again into the
+    # repeat: the first is measured again, the repeat counts (once), later ones as they are.
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"), canary_covered=(0.1, 0.1, 0.3))
+    c, events = make(fleet, clock)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    measured = [t for t in c.history.in_epoch() if t.windows]
+    repeated = [e for e in events if e.reason == "WindowRepeated"]
+    assert measured and len(repeated) == len(measured)
+    assert all("cover 10% of the trial's first window" in e.message for e in repeated)
+    for t in measured:
+        assert t.windows[0].start_s >= t.started_s + fleet.restart_s + 300
+    assert fleet.incumbent.name == WORLD.best(SPACE).name
+    # Metrics that cover half the window or more are a window like any other.
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"), canary_covered=(0.5,))
+    c, events = make(fleet, clock)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    assert not [e for e in events if e.reason == "WindowRepeated"]
+    for t in c.history.in_epoch():
+        if t.windows:
+            assert t.windows[0].start_s < t.started_s + fleet.restart_s + 300
 
 
 def test_a_canary_that_cannot_start_is_infeasible_and_skipped() -> None:
