@@ -6,10 +6,10 @@ loop's timing and thresholds (:func:`to_controller_config`). The API's enums and
 are a versioned contract and the brain's are not, so they meet here, in one place, and a
 test checks that every API value has a counterpart.
 
-Spec fields the brain has no setting for are not mapped: ``search.minDrafts``,
-``search.schedule``, ``canaryReplicas`` (the actuator's business) and
-``retune.onRouteChange`` (the route watch in ``k8s/routes.py`` does not run without it);
-``search.strategy`` maps to whether trial and incumbent share the traffic.
+Spec fields the brain has no setting for are not mapped: ``search.schedule``,
+``canaryReplicas`` (the actuator's business) and ``retune.onRouteChange`` (the route watch
+in ``k8s/routes.py`` does not run without it); ``search.strategy`` maps to whether trial
+and incumbent share the traffic.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ def to_controller_config(spec: SpecTuningSpec, *, seed: int = 0) -> ControllerCo
     return ControllerConfig(
         window_s=parse_duration(search.window, "spec.search.window"),
         max_trials=search.max_trials,
+        min_drafts=search.min_drafts,
         epsilon=search.epsilon,
         delta=search.delta,
         drift_threshold=retune.drift.threshold,

@@ -378,8 +378,9 @@ class SearchSpec(ApiModel):
         20000,
         ge=0,
         description=(
-            "Fewest drafted tokens a trial must see before its acceptance counts as evidence, "
-            "tokens. Default 20000."
+            "Fewest tokens a drafted arm's canary must draft over its trial before the trial "
+            "is judged: a trial short of it measures another window, up to three, tokens. "
+            "Default 20000."
         ),
     )
     max_trials: int = Field(

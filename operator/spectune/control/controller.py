@@ -77,6 +77,8 @@ class ControllerConfig:
     ready_timeout_s: float = 1800.0
     """A canary not ready after this long is marked infeasible."""
     max_trials: int = 12
+    min_drafts: int = 20000
+    """Fewest tokens a drafted trial's canary drafts before the trial is judged."""
     epsilon: float = 0.02
     delta: float = 0.05
     drift_threshold: float = 0.15
@@ -154,6 +156,7 @@ class Controller:
             incumbent=incumbent,
             now_s=self.clock.now(),
             max_trials=self.config.max_trials,
+            min_drafts=self.config.min_drafts,
             epsilon=self.config.epsilon,
             delta=self.config.delta,
             seed=self.config.seed,

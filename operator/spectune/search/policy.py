@@ -86,6 +86,10 @@ class TuningContext:
     seed: int = 0
     min_requests: int = 30
     """Fewest finished canary requests for a window to count as evidence."""
+    min_drafts: int = 0
+    """Fewest tokens a drafted arm's canary must have drafted over its trial's windows
+    before the trial is judged (SpecTuning ``search.minDrafts``); not counted where the
+    engine exports no draft-token counter."""
     assumed_draft_cost: float = ASSUMED_DRAFT_COST
     """Draft cost c assumed until one is measured (it only chooses the search's first
     trial; every later decision rests on measured costs)."""

@@ -45,6 +45,9 @@ measured so far. Then:
    wide prior below ``off`` (:data:`UNEXPLORED_GAIN`, from the published range of
    speedups).
 
+A trial is judged once its canary has finished ``min_requests`` requests and, for a drafted
+arm, drafted ``min_drafts`` tokens (``search.minDrafts``; not counted where the engine exports
+no draft-token counter), or after :data:`MAX_WINDOWS_PER_TRIAL` windows, whichever is first.
 Guardrails close a trial within its first window when the canary's TTFT p95 or queue-time
 p95 is worse than the incumbent's beyond the tolerance with confidence (the canary's lower
 bound above the incumbent's upper bound); the arm is never proposed again this epoch. In a
@@ -143,6 +146,17 @@ def burst_share(can: WindowStats, inc: WindowStats) -> float:
     return inc.running * max(can.pods, 1) / can.requests
 
 
+def _evidence(t: TrialRecord) -> tuple[float, float]:
+    """A trial's canary requests and drafted tokens over its windows (the tokens NaN where
+    the engine exports no draft-token counter, which no minimum can then hold back)."""
+    canaries = [w.canary for w in t.windows if w.canary is not None]
+    drafted = [c.draft_tokens for c in canaries if not math.isnan(c.draft_tokens)]
+    return (
+        math.fsum(c.requests for c in canaries),
+        math.fsum(drafted) if drafted else math.nan,
+    )
+
+
 def _unjudged(t: TrialRecord) -> str:
     """What a trial's record says when its first window was not judged on guardrails
     (:data:`UNJUDGED_SHARE`); empty otherwise."""
@@ -211,10 +225,14 @@ class SpectunePolicy:
         if running is not None and running.windows:
             verdict = self._close(ctx, running)
             if verdict is None:
+                requests, drafted = _evidence(running)
+                seen = f"{requests:.0f} canary requests"
+                if not math.isnan(drafted):
+                    seen += f" and {drafted:.0f} drafted tokens (minDrafts {ctx.min_drafts})"
                 return Decision(
                     DecisionKind.TRIAL,
                     parse_arm(running.arm),
-                    f"{running.arm}: too few canary requests so far; measuring another window",
+                    f"{running.arm}: too little evidence so far ({seen}); measuring another window",
                 )
             end, why = verdict
             if end is Outcome.ABORTED:
@@ -234,8 +252,11 @@ class SpectunePolicy:
             why = guardrail_breach(last.canary, last.incumbent, guards, len(t.windows) == 1)
             if why is not None:
                 return Outcome.ABORTED, why
-        requests = sum(w.canary.requests for w in t.windows if w.canary is not None)
-        if requests < ctx.min_requests and len(t.windows) < MAX_WINDOWS_PER_TRIAL:
+        requests, drafted = _evidence(t)
+        short = requests < ctx.min_requests or (
+            parse_arm(t.arm).drafter is not None and drafted < ctx.min_drafts
+        )
+        if short and len(t.windows) < MAX_WINDOWS_PER_TRIAL:
             return None
         return Outcome.MEASURED, f"{len(t.windows)} window(s), {requests:.0f} canary requests"
 

@@ -113,6 +113,11 @@ def test_every_drift_action_has_a_counterpart(action: DriftAction) -> None:
     assert config.drift_action.value == action.value
 
 
+def test_min_drafts_reaches_the_loop() -> None:
+    assert to_controller_config(_minimal(search={"minDrafts": 5000})).min_drafts == 5000
+    assert to_controller_config(_minimal()).min_drafts == 20000  # the spec's default
+
+
 def test_compound_durations_are_seconds() -> None:
     spec = _minimal(search={"window": "1m30s"}, retune={"every": "1d12h"})
     config = to_controller_config(spec)

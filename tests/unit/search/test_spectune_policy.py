@@ -30,6 +30,7 @@ from spectune.search.policy import (
     TuningContext,
 )
 from spectune.search.spectune_policy import (
+    MAX_WINDOWS_PER_TRIAL,
     SpectunePolicy,
     guardrail_breach,
     posterior_draws,
@@ -897,3 +898,40 @@ def test_a_placed_p95_below_what_acceptance_gives_at_a_light_load_is_read_from_i
     history, ctx, arm = _hidden_tail_history(bounded=False, running=4.0)
     d = SpectunePolicy().decide(ctx, history)
     assert d.estimates[arm.name].value == pytest.approx(0.0037 / 0.00355, rel=0.01)
+
+
+def test_a_drafted_trial_short_of_min_drafts_measures_another_window() -> None:
+    """``search.minDrafts``: a canary that drafted too few tokens is not judged yet, up to
+    the trial's window limit; ``off`` drafts nothing, and an engine without a draft-token
+    counter (SGLang) is never held back by it."""
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    inc, arm = parse_arm("off"), parse_arm("eagle3/3")
+    short = replace(world.stats(arm), draft_tokens=8000.0)
+
+    def trial(canary: WindowStats, windows: int, name: str = arm.name, on: Arm = inc) -> History:
+        h = History(baseline=((0, WindowRecord(0, 300, world.stats(on), None, on.name)),))
+        h = h.add_trial(TrialRecord(name, on.name, 0, 300))
+        for i in range(windows):
+            w = WindowRecord(480 + 300 * i, 780 + 300 * i, world.stats(on), canary, on.name)
+            h = h.update_last(h.in_epoch()[-1].with_window(w))
+        return h
+
+    def decide(h: History, min_drafts: int, on: Arm = inc) -> Decision:
+        ctx = TuningContext(SPACE, Objective(), on, 900, seed=1, min_drafts=min_drafts)
+        return SpectunePolicy().decide(ctx, h)
+
+    held = decide(trial(short, 1), 20000)
+    assert (held.kind, held.arm, held.end_running) == (DecisionKind.TRIAL, arm, None)
+    assert "8000 drafted tokens (minDrafts 20000)" in held.reason
+    assert "measuring another window" in held.reason
+    # Two such windows hold 16000: still short. 24000 over three windows are enough...
+    assert decide(trial(short, 2), 20000).end_running is None
+    assert decide(trial(short, 3), 10000).end_running is Outcome.MEASURED
+    # ...and so is the window limit, whatever was drafted.
+    assert decide(trial(short, MAX_WINDOWS_PER_TRIAL), 10**9).end_running is Outcome.MEASURED
+    assert decide(trial(short, 1), 5000).end_running is Outcome.MEASURED
+    assert decide(trial(short, 1), 0).end_running is Outcome.MEASURED
+    no_counter = replace(short, draft_tokens=math.nan)
+    assert decide(trial(no_counter, 1), 20000).end_running is Outcome.MEASURED
+    off = replace(world.stats(inc), draft_tokens=0.0)
+    assert decide(trial(off, 1, "off", arm), 20000, arm).end_running is Outcome.MEASURED
