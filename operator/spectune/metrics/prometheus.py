@@ -211,9 +211,10 @@ _TARGET_LABELS = ("job", "instance", "pod", "namespace")
 
 def _pages_from_ranges(
     rows: Result, dialect: Dialect, window_s: float, cat: Catalogue
-) -> tuple[list[Snapshot], list[Snapshot], float]:
+) -> tuple[list[Snapshot], list[Snapshot], float | None]:
     """Per-pod start and end snapshots equivalent to the window's raw samples, and the
-    share of the window the least-seen pod's counters span (``Observation.covered``).
+    share of the window the least-seen pod's counters span (``Observation.covered``; None
+    without a counter).
 
     The start page holds each cumulative series' first sample; the end page holds it plus
     the reset-aware increase over the samples, stretched to the whole window (samples
@@ -255,7 +256,7 @@ def _pages_from_ranges(
             for pod, series in sorted(pages.items())
         ]
 
-    covered = min((min(span / window_s, 1.0) for span in spans.values()), default=0.0)
+    covered = min((min(span / window_s, 1.0) for span in spans.values()), default=None)
     return snapshots(start), snapshots(end), covered
 
 
