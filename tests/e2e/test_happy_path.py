@@ -5,10 +5,12 @@ local ``spectune run`` process with the installed Deployment's arguments, enviro
 ServiceAccount; see ``conftest.py``). A vLLM-style Deployment ``llama-70b`` runs on kwok
 nodes; each of its pods (and each canary pod the operator creates) is a
 ``spectune sim serve`` process of ``chat-e2e.yaml`` scraped by a real Prometheus that
-evaluates the chart's rules. The SpecTuning is ``examples/spectuning.yaml`` exactly as shipped,
-applied with ``kubectl apply -f`` and nothing else (it needs no other object); its Prometheus
-URL stays as shipped too: the chart's ``operator.prometheusUrl`` points the operator at the
-test's Prometheus.
+evaluates the chart's rules. Every pod carries the scenario's whole load on one clock
+(``--clock-epoch``): at any moment a canary gets the same requests as the target, as it
+would behind one Service, instead of the first minutes of the scenario each time it starts.
+The SpecTuning is ``examples/spectuning.yaml`` exactly as shipped, applied with ``kubectl
+apply -f`` and nothing else (it needs no other object); its Prometheus URL stays as shipped
+too: the chart's ``operator.prometheusUrl`` points the operator at the test's Prometheus.
 
 Time is scaled: the simulator and the operator run 60x faster than the wall clock (the
 example's 5 m window is 5 s) and the test's Prometheus evaluates the rules 120x faster.
@@ -221,6 +223,7 @@ def world(
         TIME_SCALE,
         tmp_path_factory.mktemp("e2e-sims"),
         container="vllm",
+        shared_clock=True,  # a canary gets the incumbent's requests, as behind one Service
     )
     sims.start()
     w = World(cluster, rules_prometheus, install, sims, scenario, oracle, best, values[best])

@@ -80,6 +80,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve.add_argument("--replica-index", type=int, default=0, metavar="I")
     serve.add_argument("--replicas", type=int, default=1, metavar="N")
     serve.add_argument("--seed", type=int, metavar="N", help="seed (default: the file's)")
+    serve.add_argument(
+        "--clock-epoch",
+        type=float,
+        metavar="UNIX_TIME",
+        help=(
+            "the wall-clock moment of simulated time 0 (default: now). Pods given the same "
+            "epoch and seed serve the same requests at the same moment whenever each started, "
+            "as pods behind one Service do; a pod starts empty at the epoch's scaled age"
+        ),
+    )
     serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then the vLLM arguments")
     serve.set_defaults(func=serve_command)
 
@@ -201,6 +211,15 @@ def serve_command(ns: argparse.Namespace) -> int:
             "(--replicas N, N >= 1)"
         )
     arm = arm_from_vllm_args(scenario, vllm_args)
+    now = time.time()
+    start_s = 0.0
+    if ns.clock_epoch is not None:
+        if not math.isfinite(ns.clock_epoch) or ns.clock_epoch > now:
+            raise SpecError(
+                f"--clock-epoch {ns.clock_epoch:g} must be a Unix time that has passed "
+                f"(now {now:.0f})"
+            )
+        start_s = max(0.0, (now - ns.clock_epoch) * ns.time_scale)
     fleet = Fleet(
         scenario,
         seed=ns.seed,
@@ -209,7 +228,8 @@ def serve_command(ns: argparse.Namespace) -> int:
         load_scale=1.0 / ns.replicas,
         stream=ns.replica_index,
         model_name=model_name_from_vllm_args(vllm_args),
-        epoch_s=time.time(),
+        epoch_s=now - start_s,
+        start_s=start_s,
     )
     state = fleet.state(0)
     if state.failure is not None:

@@ -199,6 +199,12 @@ class Fleet:
     parked:
         Replicas that start with no pod (slots for canaries, as extra pods on a cluster);
         :meth:`apply` starts them, :meth:`park` returns them.
+    start_s:
+        Simulated time at which the fleet starts serving: the arrivals before it never
+        happened (the engines start empty, as a pod that just came up), the scenario's
+        events before it have taken effect, and from it on the requests are the ones a fleet
+        started at 0 would get. ``sim serve --clock-epoch`` uses it so that pods started
+        at different moments get the same requests at the same moment.
     """
 
     def __init__(
@@ -213,6 +219,7 @@ class Fleet:
         model_name: str | None = None,
         epoch_s: float = 0.0,
         parked: Sequence[int] = (),
+        start_s: float = 0.0,
     ) -> None:
         n = replicas if replicas is not None else scenario.fleet.replicas
         if n < 1:
@@ -250,11 +257,14 @@ class Fleet:
         self._next_event = 0
         self._applied: list[AppliedEvent] = []
         self._route_names = [r.name for r in scenario.routes]
+        if start_s < 0 or math.isinf(start_s):
+            raise SpecError(f"a fleet starts at a finite time from 0 on, got {start_s}")
+        self._skip_to(start_s)
         for r in self._replicas:
             if r.index in parked:
                 r.phase = Phase.PARKED
             else:
-                self._start(r, 0.0)
+                self._start(r, start_s)
 
     # --- the ports ------------------------------------------------------------------
 
@@ -498,6 +508,24 @@ class Fleet:
             self._applied.append(
                 AppliedEvent(ev.at_s, ev.kind, f"{ev.requests_per_s:g} requests/s")
             )
+
+    def _skip_to(self, start_s: float) -> None:
+        """Draw and drop every arrival before ``start_s``, applying the events before it in
+        time order (a route-mix change moves later arrivals' routes, and so the draws)."""
+        while True:
+            t_arrival = self._traffic.peek()
+            nxt = (
+                self._events[self._next_event][1] if self._next_event < len(self._events) else None
+            )
+            t_event = nxt.at_s if nxt is not None else math.inf
+            if min(t_arrival, t_event) >= start_s:
+                break
+            if nxt is not None and t_event <= t_arrival:
+                self._apply_event(nxt)
+                self._next_event += 1
+            else:
+                self._traffic.pop()
+        self._now = start_s
 
     def _dispatch(self, req: Request) -> None:
         serving = [r for r in self._replicas if r.phase is Phase.SERVING and r.engine is not None]

@@ -123,6 +123,7 @@ class SimServer:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._t0 = time.monotonic()
+        self._start_s = fleet.now  # a fleet started on a shared clock is already past 0
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -147,8 +148,8 @@ class SimServer:
         return int(self._http.server_address[1])
 
     def sim_now(self) -> float:
-        """Simulated seconds since start, by the scaled wall clock."""
-        return (time.monotonic() - self._t0) * self.time_scale
+        """Simulated seconds: the fleet's start plus the scaled wall time since."""
+        return self._start_s + (time.monotonic() - self._t0) * self.time_scale
 
     def serve_forever(self, tick_s: float = 0.05) -> None:
         """Serve until :meth:`stop`, advancing the simulation every ``tick_s`` wall seconds."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,25 @@ def test_server_advances_with_the_scaled_clock() -> None:
         assert "vllm:num_requests_running" in fleet.metrics_text(0)
     finally:
         server._http.server_close()
+
+
+def test_serve_on_a_shared_clock_starts_at_the_epochs_scaled_age(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from spectune.sim import Fleet
+
+    scenario = load_scenario(EXAMPLE)
+    fleet = Fleet(scenario, arms=Arm("eagle3", 3), replicas=1, start_s=500.0)
+    server = SimServer(fleet, time_scale=1000.0, host="127.0.0.1", port=0)
+    try:
+        assert 500.0 <= server.sim_now() < 600.0
+        server._catch_up()
+        assert fleet.now >= 500.0
+    finally:
+        server._http.server_close()
+    future = time.time() + 3600
+    code = main(["serve", "--scenario", str(EXAMPLE), "--port", "0", "--clock-epoch",
+                 str(future), "--", "serve", "m"])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--clock-epoch" in err and "a Unix time that has passed" in err

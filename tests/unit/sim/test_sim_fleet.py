@@ -191,3 +191,36 @@ def test_a_parked_slot_serves_only_between_apply_and_park() -> None:
     fleet.advance(fleet.now + 600)
     assert fleet.state(n).phase is Phase.PARKED
     assert fleet.state(0).arm == Arm(None)  # the target was never touched
+
+
+def test_a_fleet_started_late_gets_the_requests_of_one_started_at_zero() -> None:
+    """``start_s`` (``sim serve --clock-epoch``): a pod that comes up at 2000 s serves, from
+    then on, the very requests (routes, lengths, difficulty) a pod up since 0 gets — after
+    the route-mix event at 1800 s, which it has taken too — and starts empty."""
+    from pathlib import Path
+
+    from spectune.sim.scenario import load_scenario
+
+    scenario = load_scenario(
+        Path(__file__).parents[3] / "examples" / "scenarios" / "sglang-mixed.yaml"
+    )
+    early = Fleet(scenario, replicas=1)
+    early.advance(3500.0)
+    late = Fleet(scenario, replicas=1, start_s=2000.0)
+    assert late.now == 2000.0 and not late.records()
+    assert [e.kind for e in late.applied_events] == ["route_mix"]
+    late.advance(3500.0)
+
+    def drawn(fleet: Fleet) -> dict[int, tuple[str, float, int, int]]:
+        return {
+            r.id: (r.route, r.arrival_s, r.prompt_tokens, r.output_tokens)
+            for r in fleet.records()
+            if 2100.0 <= r.arrival_s < 2300.0
+        }
+
+    same = drawn(late)
+    assert len(same) > 20 and same == drawn(early)
+    assert {route for route, *_ in same.values()} == {"chat", "summarize"}
+    assert min(r.arrival_s for r in late.records()) >= 2000.0
+    with pytest.raises(SpecError, match="starts at a finite time"):
+        Fleet(scenario, replicas=1, start_s=-1.0)
