@@ -169,11 +169,7 @@ class Controller:
             return trials[-1]
         return None
 
-    async def _observe(self) -> tuple[float, dict[Group, WindowStats]]:
-        start, stats, _ = await self._observe_covered()
-        return start, stats
-
-    async def _observe_covered(
+    async def _observe(
         self,
     ) -> tuple[float, dict[Group, WindowStats], dict[Group, float | None]]:
         """One window: its start, each group's figures, and the share of it each group's
@@ -186,7 +182,7 @@ class Controller:
     async def _trial_window(self, running: TrialRecord) -> tuple[float, dict[Group, WindowStats]]:
         """A window of a running trial; its first is measured again, once, when the
         canary's counters span less than :data:`MIN_COVERED` of it."""
-        start, stats, covered = await self._observe_covered()
+        start, stats, covered = await self._observe()
         seen = covered.get(Group.CANARY)
         if not running.windows and seen is not None and seen < MIN_COVERED:
             self._event(
@@ -194,7 +190,7 @@ class Controller:
                 f"{running.arm}: the canary's metrics cover {seen:.0%} of the trial's first "
                 "window (Prometheus first scraped it late); measuring the window again",
             )
-            start, stats, _ = await self._observe_covered()
+            start, stats, _ = await self._observe()
         return start, stats
 
     # -- re-triggers ------------------------------------------------------------------------
@@ -266,7 +262,7 @@ class Controller:
 
     async def _baseline_window(self, dep: Deployment) -> WindowRecord:
         """One window of the incumbent alone, recorded with the arm it ran."""
-        start, stats = await self._observe()
+        start, stats, _ = await self._observe()
         w = WindowRecord(
             start, self.clock.now(), stats.get(Group.INCUMBENT), None, dep.incumbent.name
         )

@@ -400,11 +400,8 @@ class Fleet:
             raise SpecError(f"cannot go back in time: now {self._now}, asked {until_s}")
         while True:
             t_arrival = self._traffic.peek()
-            t_event = (
-                self._events[self._next_event][1].at_s
-                if self._next_event < len(self._events)
-                else math.inf
-            )
+            upcoming = self._upcoming_event()
+            t_event = upcoming.at_s if upcoming is not None else math.inf
             t_restart = min(
                 (r.down_until for r in self._replicas if r.phase is Phase.DOWN), default=math.inf
             )
@@ -419,8 +416,8 @@ class Fleet:
                     if r.phase is Phase.DOWN and r.down_until <= t:
                         self._start(r, r.down_until)
                 continue
-            if t_event <= t:
-                self._apply_event(self._events[self._next_event][1])
+            if upcoming is not None and t_event <= t:
+                self._apply_event(upcoming)
                 self._next_event += 1
                 continue
             self._dispatch(self._traffic.pop())
@@ -509,14 +506,18 @@ class Fleet:
                 AppliedEvent(ev.at_s, ev.kind, f"{ev.requests_per_s:g} requests/s")
             )
 
+    def _upcoming_event(self) -> ModelVersionEvent | RouteMixEvent | LoadEvent | None:
+        """The scenario's next event not yet applied (None after the last)."""
+        if self._next_event < len(self._events):
+            return self._events[self._next_event][1]
+        return None
+
     def _skip_to(self, start_s: float) -> None:
         """Draw and drop every arrival before ``start_s``, applying the events before it in
         time order (a route-mix change moves later arrivals' routes, and so the draws)."""
         while True:
             t_arrival = self._traffic.peek()
-            nxt = (
-                self._events[self._next_event][1] if self._next_event < len(self._events) else None
-            )
+            nxt = self._upcoming_event()
             t_event = nxt.at_s if nxt is not None else math.inf
             if min(t_arrival, t_event) >= start_s:
                 break
