@@ -54,7 +54,7 @@ def two_replicas(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[I
     system = f"{namespace[:50]}-sys"
     cluster.kubectl("create", "namespace", system)
     try:
-        cluster.helm(
+        installed = cluster.helm(
             "install", release, str(CHART), "-n", system,
             "--set", "replicas=2",
             "--set", f"watchNamespaces={{{namespace}}}",
@@ -62,6 +62,9 @@ def two_replicas(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[I
             timeout=180,
         )  # fmt: skip
         name = f"{release}-spectune"
+        notes = installed.stdout.split("NOTES:", 1)[1]
+        assert "2 replicas with kopf peering: one acts, the others stand by." in notes, notes
+        assert f"kubectl get kopfpeering -n <namespace> {name} -o yaml" in notes, notes
         dep = json.loads(cluster.kubectl("get", "deploy", name, "-n", system, "-o", "json").stdout)
         (container,) = dep["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
