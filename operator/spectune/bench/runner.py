@@ -30,6 +30,8 @@ Definitions (phases, objective values, efficiency ratios and guardrail breaches 
 * ``recoveries`` (beside the contract's object, in the bench's tables): for each
   ``model_version`` event, the seconds until the target stays within 0.95 of the new
   phase's oracle (``bench/scoring.py``).
+* ``regret`` (beside the contract's object): the time-integrated loss against the phase
+  oracles, window by window (``bench/regret.py``).
 * ``sim_seconds``: the scenario's ``duration_s``; ``wall_seconds``: the whole command,
   oracle included.
 
@@ -53,6 +55,7 @@ from typing import Any
 from spectune.bench.adapters import SimActuator, SimGroupMetrics, SimStage, VirtualClock
 from spectune.bench.oracle import ArmRun, Oracle
 from spectune.bench.registry import PolicyRequest, check_policy_name, make_policy
+from spectune.bench.regret import regret_curve
 from spectune.bench.scoring import (
     RequestTable,
     breach_seconds,
@@ -113,6 +116,14 @@ class BenchResult:
     """``(event time, recovery seconds or None)`` for each ``model_version`` event
     (``bench/scoring.py``); not a field of the contract's object."""
     events: tuple[Event, ...] = field(default=(), repr=False)
+    regret: tuple[tuple[float, float], ...] = field(default=(), repr=False)
+    """``(time, cumulative regret seconds)`` per window (``bench/regret.py``); not a field of
+    the contract's object."""
+
+    @property
+    def regret_s(self) -> float:
+        """The run's time-integrated regret, seconds (NaN when not measured)."""
+        return self.regret[-1][1] if self.regret else math.nan
 
     def to_json(self) -> dict[str, Any]:
         """DESIGN.md §5's object: exactly its keys, NaN as ``null``."""
@@ -383,4 +394,7 @@ def run_bench(
         promotions=tuple(stage.timeline[1:]),
         recoveries=recoveries,
         events=tuple(events),
+        regret=regret_curve(
+            run_table, lambda p: runs[phase_best[p][0]].requests, phases, metric, window_s
+        ),
     )
