@@ -21,6 +21,12 @@ a sign test, ``bench/paired.py``); ``--baseline FILE`` pairs this run with anoth
 ``family.png`` (efficiency CDF per policy, mean cumulative regret against time).
 
 ``initial`` stands for ``static:<the world's initial arm>``: what users had without tuning.
+
+``--aa`` runs the A/A check instead: on each world, spectune chooses between the world's
+drafter at k = 1 and an identical twin of it (:func:`aa_world`), so every promotion of the
+twin is a false promotion — a restart bought for nothing, on a difference that is noise.
+It prints the realised false-promotion rate with a Wilson interval, to hold against the
+SpecTuning's δ (0.05), and the ratios the false promotions claimed.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import argparse
 import hashlib
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -45,6 +52,8 @@ from rich.table import Table
 from spectune.bench.oracle import Oracle
 from spectune.bench.paired import paired_comparison
 from spectune.bench.runner import run_bench
+from spectune.core import wilson_interval
+from spectune.search.policy import DrafterSpec, SearchSpace
 from spectune.sim.sampler import SampledWorld, load_family, sample_worlds
 from spectune.sim.scenario import Scenario, scenario_from_mapping
 
@@ -94,6 +103,94 @@ def _one(doc: dict[str, Any], policy: str, window: float) -> dict[str, Any]:
     out["recoveries"] = [s for _, s in r.recoveries]
     out["searches"] = 1 + sum(1 for e in r.events if e.reason == "Retune")
     return out
+
+
+def aa_world(doc: dict[str, Any]) -> tuple[dict[str, Any], SearchSpace] | None:
+    """The world's A/A twin, or None when it has no drafter.
+
+    Its incumbent drafter (or its first one, where the world starts with ``off``) at k = 1,
+    and an identical copy of it (same weights, cost and acceptance on every route) named
+    ``<drafter>-twin``: the two candidate arms. The two are the same physics, so any
+    promotion of the twin is a false promotion, whatever the world's traffic and load.
+    """
+    drafters = doc["drafters"]
+    if not drafters:
+        return None
+    initial = doc["initial"].get("drafter")
+    base = next((d for d in drafters if d["name"] == initial), drafters[0])
+    twin = {**base, "name": f"{base['name']}-twin", "max_k": 1}
+    world = {
+        **doc,
+        "name": f"{doc['name']}-aa",
+        "drafters": [{**base, "max_k": 1}, twin],
+        "initial": {"drafter": base["name"], "k": 1},
+        "routes": [
+            {
+                **r,
+                "acceptance": {n: a for n, a in r["acceptance"].items() if n == base["name"]}
+                | (
+                    {twin["name"]: r["acceptance"][base["name"]]}
+                    if base["name"] in r["acceptance"]
+                    else {}
+                ),
+            }
+            for r in doc["routes"]
+        ],
+        "events": [e for e in doc["events"] if e["kind"] != "model_version"],
+    }
+    space = SearchSpace(
+        drafters=(
+            DrafterSpec(base["name"], base["method"], 1),
+            DrafterSpec(twin["name"], twin["method"], 1),
+        ),
+        allow_off=False,
+        per_position=doc["engine"] == "vllm",
+        schedules=False,
+    )
+    return world, space
+
+
+def _aa_one(doc: dict[str, Any], window: float) -> dict[str, Any] | None:
+    made = aa_world(doc)
+    if made is None:
+        return None
+    world, space = made
+    scenario = scenario_from_mapping(world)
+    twin = f"{space.drafters[1].name}/1"
+    r = run_bench(scenario, "spectune", window_s=window, jobs=1, space=space)
+    claims = [
+        float(m.group(1))
+        for e in r.events
+        if e.reason == "Promoted" and e.message.startswith(twin)
+        for m in [re.search(r"measured at ([0-9.]+)×", e.message)]
+        if m
+    ]
+    return {
+        "scenario": doc["name"],
+        "trialled": any(e.reason == "TrialStarted" and twin in e.message for e in r.events),
+        "promoted": any(arm == twin for _, arm in r.promotions),
+        "claimed": claims,
+    }
+
+
+def aa_check(
+    worlds: list[SampledWorld], window: float, jobs: int, console: Console
+) -> tuple[int, int, int, list[float]]:
+    """The A/A check over the set: worlds, worlds whose twin was trialled, worlds where it
+    was promoted (a false promotion: a restart for an arm that is the incumbent's physics),
+    and the objective ratios the promotions claimed for the twin."""
+    out = []
+    with ProcessPoolExecutor(max_workers=jobs) as pool, Progress(console=console) as progress:
+        task = progress.add_task("A/A worlds", total=len(worlds))
+        for f in as_completed([pool.submit(_aa_one, w.scenario, window) for w in worlds]):
+            res = f.result()
+            if res is not None:
+                out.append(res)
+            progress.advance(task)
+    trialled = sum(1 for r in out if r["trialled"])
+    promoted = sum(1 for r in out if r["promoted"])
+    claimed = sorted(c for r in out for c in r["claimed"])
+    return len(out), trialled, promoted, claimed
 
 
 def run_set(
@@ -271,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", help="A,B: pair two policies of this run")
     ap.add_argument("--baseline", type=Path, help="runs.json of another commit to pair with")
     ap.add_argument("--digest", metavar="SET", help="print a set's digest and exit")
+    ap.add_argument(
+        "--aa", action="store_true", help="the A/A check instead: spectune against a twin arm"
+    )
     ns = ap.parse_args(argv)
     console = Console(width=160)
     if ns.digest:
@@ -280,8 +380,23 @@ def main(argv: list[str] | None = None) -> int:
     worlds, _ = load_set(ns.set, ns.sets_file)
     if ns.limit:
         worlds = worlds[: ns.limit]
-    policies = [p.strip() for p in ns.policies.split(",") if p.strip()]
     wall0 = time.perf_counter()
+    if ns.aa:
+        n, trialled, promoted, claimed = aa_check(worlds, ns.window, ns.jobs, console)
+        ci = wilson_interval(promoted, trialled) if trialled else None
+        rate = f"{promoted / trialled:.3f}" if trialled else "—"
+        console.print(
+            f"A/A: {n} worlds, the twin trialled in {trialled}, promoted in {promoted}: "
+            f"false-promotion rate {rate}"
+            + (f" (95 % interval {ci.low:.3f}–{ci.high:.3f}); δ = 0.05" if ci else "")
+            + f"; {time.perf_counter() - wall0:.0f} s"
+        )
+        if claimed:
+            console.print(
+                "ratios the promotions claimed: " + ", ".join(f"{c:.2f}" for c in claimed)
+            )
+        return 0
+    policies = [p.strip() for p in ns.policies.split(",") if p.strip()]
     runs = run_set(worlds, policies, ns.window, ns.jobs, console)
     console.print(summary(runs, policies, ns.window))
     console.print(regimes(runs, policies))

@@ -280,11 +280,14 @@ def run_bench(
     jobs: int | None = None,
     hooks: BenchHooks | None = None,
     controller_config: ControllerConfig | None = None,
+    space: SearchSpace | None = None,
 ) -> BenchResult:
     """Run ``policy`` on ``scenario`` and score it (see the module docstring).
 
     ``controller_config`` tunes the loop (its ``window_s`` and ``seed`` are replaced by
-    this function's); the default is the operator's defaults.
+    this function's); the default is the operator's defaults. ``space`` narrows the
+    candidate arms (the policy's and the oracle's) to a part of the scenario's, as a
+    SpecTuning's drafter list does (the family bench's A/A check uses it).
     """
     wall0 = time.perf_counter()
     hooks = hooks or BenchHooks()
@@ -299,7 +302,8 @@ def run_bench(
 
     # The oracle: every candidate static arm, whole fleet, same seed and traffic.
     oracle = Oracle(scenario, seed, cache_dir=cache_dir, use_cache=use_cache, jobs=jobs)
-    order = [a.name for a in oracle.candidates()]
+    space = space or oracle.space
+    order = [a.name for a in space.arms()]
     done = 0
 
     def oracle_done(arm: str, cached: bool) -> None:
@@ -315,7 +319,7 @@ def run_bench(
     schedule = tuple((a, b, arm) for (a, b), (arm, _) in zip(phases, phase_best, strict=True))
 
     # The run: the policy through the controller, over the simulator body's ports.
-    request = PolicyRequest(policy, None, oracle.space, schedule, seed)
+    request = PolicyRequest(policy, None, space, schedule, seed)
     chosen_policy = make_policy(policy, request)
     if policy.startswith("static:"):
         scenario.check_arm(parse_arm(policy.partition(":")[2]))
@@ -329,7 +333,7 @@ def run_bench(
     controller, stage, clock = sim_controller(
         scenario,
         chosen_policy,
-        oracle.space,
+        space,
         seed=seed,
         window_s=window_s,
         canary_replicas=canary_replicas,

@@ -46,3 +46,19 @@ def test_pairing_matches_runs_by_world_and_reports_a_planted_difference() -> Non
     assert "10 up / 0 down" in line
     n, line = family.pair(a, a)
     assert "+0.0000" in line and "0 up / 0 down" in line
+
+
+def test_the_aa_twin_is_the_incumbents_physics_under_another_name() -> None:
+    worlds, _ = family.load_set("quick")
+    doc = next(w.scenario for w in worlds if w.scenario["initial"].get("drafter") != "off")
+    world, space = family.aa_world(doc)
+    base, twin = world["drafters"]
+    assert twin["name"] == f"{base['name']}-twin"
+    assert {k: v for k, v in twin.items() if k != "name"} == {
+        k: v for k, v in base.items() if k != "name"
+    }
+    assert base["name"] == doc["initial"]["drafter"]
+    for route in world["routes"]:
+        assert route["acceptance"][twin["name"]] == route["acceptance"][base["name"]]
+    assert [a.name for a in space.arms()] == [f"{base['name']}/1", f"{twin['name']}/1"]
+    assert world["initial"] == {"drafter": base["name"], "k": 1}
