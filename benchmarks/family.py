@@ -59,7 +59,7 @@ from spectune.sim.scenario import Scenario, scenario_from_mapping
 
 FAMILIES = Path(__file__).resolve().parent / "families"
 SETS = FAMILIES / "sets.yaml"
-DEFAULT_POLICIES = "spectune,initial,grid,egreedy,ucb1,acceptance-threshold"
+DEFAULT_POLICIES = "spectune,initial,offline-table,grid,egreedy,ucb1,acceptance-threshold"
 REGIMES = ("load_band", "replicas", "drafters", "objective")
 
 

@@ -319,7 +319,7 @@ def run_bench(
     schedule = tuple((a, b, arm) for (a, b), (arm, _) in zip(phases, phase_best, strict=True))
 
     # The run: the policy through the controller, over the simulator body's ports.
-    request = PolicyRequest(policy, None, space, schedule, seed)
+    request = PolicyRequest(policy, None, space, schedule, seed, scenario)
     chosen_policy = make_policy(policy, request)
     if policy.startswith("static:"):
         scenario.check_arm(parse_arm(policy.partition(":")[2]))
