@@ -146,6 +146,13 @@ COVERAGE: dict[str, Coverage] = {
         "short variant: the same script on one scenario and its own seed (the full sweep "
         "takes minutes with the oracles cached, about twenty without)",
     ),
+    "spectune sim sample --family benchmarks/families/realistic.yaml --seed 1 --count 5 "
+    "--out worlds/": Coverage("unit", _EXACT),
+    "python3 benchmarks/family.py --set quick --compare initial,spectune --out family/": Coverage(
+        "unit",
+        "short variant: the same script on the tests' tiny family (two 15-minute worlds); the "
+        "quick set takes about an hour on two cores before its oracles are cached",
+    ),
     "spectune whatif --acceptance 0.7 --draft-cost 0.15": Coverage(
         "unit", _EXACT + "; the best k and speedup the README's comment promises are checked"
     ),

@@ -30,6 +30,8 @@ Definitions (phases, objective values, efficiency ratios and guardrail breaches 
 * ``recoveries`` (beside the contract's object, in the bench's tables): for each
   ``model_version`` event, the seconds until the target stays within 0.95 of the new
   phase's oracle (``bench/scoring.py``).
+* ``regret`` (beside the contract's object): the time-integrated loss against the phase
+  oracles, window by window (``bench/regret.py``).
 * ``sim_seconds``: the scenario's ``duration_s``; ``wall_seconds``: the whole command,
   oracle included.
 
@@ -53,6 +55,7 @@ from typing import Any
 from spectune.bench.adapters import SimActuator, SimGroupMetrics, SimStage, VirtualClock
 from spectune.bench.oracle import ArmRun, Oracle
 from spectune.bench.registry import PolicyRequest, check_policy_name, make_policy
+from spectune.bench.regret import regret_curve
 from spectune.bench.scoring import (
     RequestTable,
     breach_seconds,
@@ -113,6 +116,14 @@ class BenchResult:
     """``(event time, recovery seconds or None)`` for each ``model_version`` event
     (``bench/scoring.py``); not a field of the contract's object."""
     events: tuple[Event, ...] = field(default=(), repr=False)
+    regret: tuple[tuple[float, float], ...] = field(default=(), repr=False)
+    """``(time, cumulative regret seconds)`` per window (``bench/regret.py``); not a field of
+    the contract's object."""
+
+    @property
+    def regret_s(self) -> float:
+        """The run's time-integrated regret, seconds (NaN when not measured)."""
+        return self.regret[-1][1] if self.regret else math.nan
 
     def to_json(self) -> dict[str, Any]:
         """DESIGN.md §5's object: exactly its keys, NaN as ``null``."""
@@ -269,11 +280,14 @@ def run_bench(
     jobs: int | None = None,
     hooks: BenchHooks | None = None,
     controller_config: ControllerConfig | None = None,
+    space: SearchSpace | None = None,
 ) -> BenchResult:
     """Run ``policy`` on ``scenario`` and score it (see the module docstring).
 
     ``controller_config`` tunes the loop (its ``window_s`` and ``seed`` are replaced by
-    this function's); the default is the operator's defaults.
+    this function's); the default is the operator's defaults. ``space`` narrows the
+    candidate arms (the policy's and the oracle's) to a part of the scenario's, as a
+    SpecTuning's drafter list does (the family bench's A/A check uses it).
     """
     wall0 = time.perf_counter()
     hooks = hooks or BenchHooks()
@@ -288,7 +302,8 @@ def run_bench(
 
     # The oracle: every candidate static arm, whole fleet, same seed and traffic.
     oracle = Oracle(scenario, seed, cache_dir=cache_dir, use_cache=use_cache, jobs=jobs)
-    order = [a.name for a in oracle.candidates()]
+    space = space or oracle.space
+    order = [a.name for a in space.arms()]
     done = 0
 
     def oracle_done(arm: str, cached: bool) -> None:
@@ -304,7 +319,7 @@ def run_bench(
     schedule = tuple((a, b, arm) for (a, b), (arm, _) in zip(phases, phase_best, strict=True))
 
     # The run: the policy through the controller, over the simulator body's ports.
-    request = PolicyRequest(policy, None, oracle.space, schedule, seed)
+    request = PolicyRequest(policy, None, space, schedule, seed, scenario)
     chosen_policy = make_policy(policy, request)
     if policy.startswith("static:"):
         scenario.check_arm(parse_arm(policy.partition(":")[2]))
@@ -318,7 +333,7 @@ def run_bench(
     controller, stage, clock = sim_controller(
         scenario,
         chosen_policy,
-        oracle.space,
+        space,
         seed=seed,
         window_s=window_s,
         canary_replicas=canary_replicas,
@@ -383,4 +398,7 @@ def run_bench(
         promotions=tuple(stage.timeline[1:]),
         recoveries=recoveries,
         events=tuple(events),
+        regret=regret_curve(
+            run_table, lambda p: runs[phase_best[p][0]].requests, phases, metric, window_s
+        ),
     )

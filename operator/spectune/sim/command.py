@@ -1,4 +1,4 @@
-"""``spectune sim run`` and ``spectune sim serve``: the simulator's command line.
+"""``spectune sim run``, ``sim serve`` and ``sim sample``: the simulator's command line.
 
 The top-level CLI (``spectune.cli``) calls :func:`register` to add the ``sim`` commands to
 its parser; ``python3 -m spectune.sim.command`` runs them on their own. Errors the user can
@@ -26,11 +26,11 @@ if TYPE_CHECKING:
 # The simulator's modules (numpy, scipy.special) load only when a sim command runs, so that
 # registering the subcommands costs `spectune --help` nothing.
 
-__all__ = ["main", "register", "run_command", "serve_command"]
+__all__ = ["main", "register", "run_command", "sample_command", "serve_command"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``sim`` with its ``run`` and ``serve`` sub-commands to a CLI's sub-parsers.
+    """Add ``sim`` with its ``run``, ``serve`` and ``sample`` sub-commands to a CLI's sub-parsers.
 
     Each sub-command sets ``func`` to a callable taking the parsed namespace and returning
     the exit code.
@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="simulated vLLM/SGLang replicas (no cluster, no GPU)",
         description="Run or serve the simulator on a scenario file.",
     )
-    sim_sub = sim.add_subparsers(dest="sim_command", metavar="{run,serve}", required=True)
+    sim_sub = sim.add_subparsers(dest="sim_command", metavar="{run,serve,sample}", required=True)
 
     run = sim_sub.add_parser(
         "run",
@@ -92,6 +92,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then the vLLM arguments")
     serve.set_defaults(func=serve_command)
+
+    sample = sim_sub.add_parser(
+        "sample",
+        help="draw scenario files from a family of priors",
+        description=(
+            "Draw checked scenario files from a family file (benchmarks/families/*.yaml); the "
+            "same family, seed and count write the same files. Each world's regime tags and "
+            "the draws rejected before it go to DIR/index.yaml."
+        ),
+    )
+    sample.add_argument("--family", required=True, metavar="FILE", help="family YAML file")
+    sample.add_argument("--seed", type=int, required=True, metavar="N")
+    sample.add_argument("--count", type=int, default=1, metavar="M", help="worlds (default 1)")
+    sample.add_argument("--out", required=True, metavar="DIR", help="folder for the files")
+    sample.set_defaults(func=sample_command)
 
 
 # --- sim run ----------------------------------------------------------------------------
@@ -246,6 +261,25 @@ def serve_command(ns: argparse.Namespace) -> int:
         flush=True,
     )
     server.serve_forever()
+    return 0
+
+
+# --- sim sample -------------------------------------------------------------------------
+
+
+def sample_command(ns: argparse.Namespace) -> int:
+    """``spectune sim sample``: write the family's worlds for one seed, report rejections."""
+    from spectune.sim.sampler import load_family, sample_worlds, write_worlds
+
+    family = load_family(ns.family)
+    sampling = sample_worlds(family, ns.seed, ns.count)
+    paths = write_worlds(sampling, ns.out)
+    rejected = sampling.rejections
+    print(f"wrote {len(paths)} worlds of family {family.name} (seed {ns.seed}) to {ns.out}")
+    if rejected:
+        print(f"{len(rejected)} draws rejected and drawn again:")
+        for line in rejected:
+            print(f"  {line}")
     return 0
 
 

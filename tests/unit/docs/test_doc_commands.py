@@ -85,7 +85,7 @@ def test_docker_build_is_replayed_by_the_dockerfile_test() -> None:
 
 def _scratch(tmp_path: Path) -> Path:
     """A working directory with the repository's files the docs' commands name."""
-    for name in ("examples", "deploy", "benchmarks", "charts", "crds"):
+    for name in ("examples", "deploy", "benchmarks", "charts", "crds", "tests"):
         (tmp_path / name).symlink_to(REPO / name)
     return tmp_path
 
@@ -146,6 +146,18 @@ def _seeds(out: str, cwd: Path) -> None:
     assert re.search(r"all\s+│\s+1\s+│", out), out
 
 
+def _sample(out: str, cwd: Path) -> None:
+    assert "wrote 5 worlds of family realistic (seed 1)" in out
+    assert len(list((cwd / "worlds").glob("realistic-1-*.yaml"))) == 5
+
+
+def _family(out: str, cwd: Path) -> None:
+    assert re.search(r"spectune\s+│\s+2\s+│", out), out
+    assert "spectune vs initial: efficiency b−a over 2 paired runs" in out
+    assert (cwd / "family" / "runs.json").is_file()
+    assert (cwd / "family" / "family.png").is_file()
+
+
 def _promtool(out: str, cwd: Path) -> None:
     assert "SUCCESS" in out
 
@@ -182,6 +194,15 @@ OFFLINE: dict[str, Runner] = {
         "python3 benchmarks/seeds.py --only chat-eagle3 --seeds file --jobs 1",
         None,
         _seeds,
+        600,
+    ),
+    "spectune sim sample --family benchmarks/families/realistic.yaml --seed 1 --count 5 "
+    "--out worlds/": (None, None, _sample, 60),
+    "python3 benchmarks/family.py --set quick --compare initial,spectune --out family/": (
+        "python3 benchmarks/family.py --sets-file tests/unit/family/tiny-sets.yaml --set tiny "
+        "--compare initial,spectune --out family/ --jobs 1",
+        None,
+        _family,
         600,
     ),
     "spectune whatif --acceptance 0.7 --draft-cost 0.15": (None, None, _whatif, 60),
