@@ -92,7 +92,12 @@ from spectune.k8s.projection import (
 )
 from spectune.k8s.routes import RouteWatch, describe_move, encode_mix
 from spectune.k8s.series import canary_selector, target_selector
-from spectune.k8s.sources import AuthSecretError, PodsScrapeSource, prometheus_headers
+from spectune.k8s.sources import (
+    AuthSecretError,
+    PodsScrapeSource,
+    check_url_allowed,
+    prometheus_headers,
+)
 from spectune.k8s.telemetry import OperatorMetrics
 from spectune.metrics.observation import Observation
 from spectune.metrics.prometheus import PrometheusSource
@@ -703,7 +708,11 @@ class TuningLoop:
         if scrape is not None:
             kube = KubeActuator(self._api, self._spt(), name, None, "vllm", {})
             target = PodsScrapeSource(
-                kube.target_pods, scrape, f"Deployment {name}", self._clock.sleep
+                kube.target_pods,
+                scrape,
+                f"Deployment {name}",
+                self._clock.sleep,
+                max_bytes=s.scrape_max_bytes,
             )
 
             def scraped_canary() -> WindowedSource | None:
@@ -711,14 +720,20 @@ class TuningLoop:
                 if dep is None or dep.canary is None:
                     return None
                 return PodsScrapeSource(
-                    kube.canary_pods, scrape, f"canary {dep.canary.name}", self._clock.sleep
+                    kube.canary_pods,
+                    scrape,
+                    f"canary {dep.canary.name}",
+                    self._clock.sleep,
+                    max_bytes=s.scrape_max_bytes,
                 )
 
             return target, scraped_canary, True, None
         prom = spec.metrics.prometheus
         assert prom is not None  # parse_spec: exactly one of prometheus or scrape
+        if s.prometheus_url is None:  # the operator's own override is trusted as it is
+            check_url_allowed(str(prom.url), s.prometheus_url_allowlist)
         url = s.prometheus_url or str(prom.url)
-        headers = await prometheus_headers(self._api, self._ns, prom.auth_secret_ref)
+        headers = await prometheus_headers(self._api, self._ns, prom.auth_secret_ref, url)
         user = prom.selector
         incumbent = PrometheusSource(url, target_selector(self._ns, name, user), headers=headers)
 
