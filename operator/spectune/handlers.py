@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -29,7 +31,7 @@ from spectune.k8s.connect import api_client
 from spectune.k8s.projection import ConditionUpdate, merge_conditions
 from spectune.k8s.telemetry import OperatorMetrics
 from spectune.k8s.tuning import TuningLoop, WallClock, check_supported, cleanup
-from spectune.settings import Settings
+from spectune.settings import Settings, seniority_priority
 
 __all__ = ["run_operator"]
 
@@ -43,7 +45,18 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     """Configure kopf and put the collaborators into ``memo``."""
     cfg: Settings = memo.get("settings") or Settings.from_env()
     memo.settings = cfg
-    settings.peering.standalone = True
+    # Standalone unless the replicas share a peering object; then it is mandatory: a replica
+    # that cannot see the object stays paused rather than act beside another (kopf's rule).
+    settings.peering.standalone = cfg.peering is None
+    if cfg.peering is not None:
+        settings.peering.name = cfg.peering
+        settings.peering.mandatory = True
+        settings.peering.lifetime = cfg.peering_lifetime_s
+        settings.peering.priority = (
+            cfg.peering_priority
+            if cfg.peering_priority is not None
+            else seniority_priority(time.time(), secrets.randbelow(1000))
+        )
     # Keep kopf's own bookkeeping in annotations: the status schema is ours alone.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -148,7 +161,7 @@ def run_operator(settings: Settings, *, verbose: bool = False) -> None:
         f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
     )
     kopf.run(
-        standalone=True,
+        standalone=settings.peering is None,  # startup() configures the peering itself
         clusterwide=not settings.namespaces,
         namespaces=list(settings.namespaces),
         liveness_endpoint=liveness,

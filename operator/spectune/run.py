@@ -23,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Run the operator. Settings come from the environment: SPECTUNE_NAMESPACES, "
             "SPECTUNE_PROMETHEUS_URL, SPECTUNE_LIVENESS_PORT, SPECTUNE_METRICS_PORT, "
             "SPECTUNE_POLL_SECONDS, SPECTUNE_METRICS_FAILURES, SPECTUNE_TIME_SCALE, "
-            "SPECTUNE_READY_TIMEOUT_SECONDS, SPECTUNE_DRAFT_COST (see spectune.settings)."
+            "SPECTUNE_READY_TIMEOUT_SECONDS, SPECTUNE_DRAFT_COST, SPECTUNE_PEERING, "
+            "SPECTUNE_PEERING_PRIORITY, SPECTUNE_PEERING_LIFETIME_SECONDS (see spectune.settings)."
         ),
     )
     run.add_argument("--verbose", action="store_true", help="log kopf's debug messages")

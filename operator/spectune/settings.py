@@ -30,18 +30,41 @@ variable                        meaning
                                 port; empty: any URL
 ``SPECTUNE_SCRAPE_MAX_BYTES``   the largest metrics page read from a pod
                                 (``metrics.scrape``), bytes; a larger one is refused
+``SPECTUNE_PEERING``            name of the kopf peering object (a KopfPeering in each
+                                watched namespace, or a ClusterKopfPeering cluster-wide)
+                                shared by the operator's replicas; unset: standalone, one
+                                replica only
+``SPECTUNE_PEERING_PRIORITY``   this replica's peering priority (the highest acts, the
+                                others pause); unset: by seniority, the oldest replica acts
+``SPECTUNE_PEERING_LIFETIME_SECONDS``  a replica not heard from for this long is taken for
+                                dead and a standby takes over, seconds (at least 10)
 ==============================  ==========================================================
+
+Peering is kopf's: it pauses, it does not fence. The replica with the highest priority acts;
+the others keep their watches closed and their daemons stopped while its record (renewed every
+lifetime − 5..10 s) is fresh. A killed leader is replaced once its record is a lifetime old; a
+leader that stops cleanly removes its record, and a standby takes over at once. Two replicas
+with one priority both pause (kopf's rule), so priorities must differ: by default each replica
+takes :func:`seniority_priority` of its start time.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from spectune.errors import SpecError
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "seniority_priority"]
+
+#: A Kubernetes object name (DNS-1123 subdomain), as the peering object's name must be.
+_OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+#: The shortest peering lifetime: kopf renews a record every lifetime − 5..10 s (at least 1 s),
+#: so below this a slow API round trip could let a live leader's record expire and a standby
+#: act beside it.
+MIN_PEERING_LIFETIME_S = 10
 
 
 @dataclass(frozen=True)
@@ -70,6 +93,12 @@ class Settings:
     """Prometheus URLs a SpecTuning may name (and paths below them); empty: any."""
     scrape_max_bytes: int = 8 * 1024 * 1024
     """The largest metrics page read from a pod, in bytes (after decompression)."""
+    peering: str | None = None
+    """Name of the kopf peering object the replicas share; None: standalone (one replica)."""
+    peering_priority: int | None = None
+    """This replica's peering priority (the highest acts); None: :func:`seniority_priority`."""
+    peering_lifetime_s: int = 60
+    """A replica not heard from for this long is taken for dead, seconds."""
 
     def __post_init__(self) -> None:
         for name in ("liveness_port", "metrics_port"):
@@ -96,6 +125,16 @@ class Settings:
                 )
         if self.scrape_max_bytes < 1024:
             raise SpecError(f"{_var('scrape_max_bytes')}: must be at least 1024 bytes")
+        if self.peering is not None and not _OBJECT_NAME.match(self.peering):
+            raise SpecError(
+                f"{_var('peering')}={self.peering!r}: must be a Kubernetes object name "
+                "(lower-case letters, digits, '-' and '.'), the KopfPeering's name"
+            )
+        if self.peering_lifetime_s < MIN_PEERING_LIFETIME_S:
+            raise SpecError(
+                f"{_var('peering_lifetime_s')}: must be at least {MIN_PEERING_LIFETIME_S} "
+                f"seconds, got {self.peering_lifetime_s}"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -113,13 +152,15 @@ class Settings:
             try:
                 if f.name in ("namespaces", "prometheus_url_allowlist"):
                     values[f.name] = tuple(n.strip() for n in raw.split(",") if n.strip())
-                elif f.name == "prometheus_url":
+                elif f.name in ("prometheus_url", "peering"):
                     values[f.name] = raw
                 elif f.name in (
                     "liveness_port",
                     "metrics_port",
                     "metrics_failures",
                     "scrape_max_bytes",
+                    "peering_priority",
+                    "peering_lifetime_s",
                 ):
                     values[f.name] = int(raw)
                 else:
@@ -133,9 +174,24 @@ class Settings:
         return seconds / self.time_scale
 
 
+def seniority_priority(started_s: float, tiebreak: int) -> int:
+    """A peering priority that ranks replicas by age: the earlier ``started_s``, the higher.
+
+    kopf lets the replica with the highest priority act. Ranking by start time means a replica
+    that starts later (a rollout's new pod, a restarted one) joins as a standby and never takes
+    over from a leader that is working, so a restart costs no handover; the leader changes only
+    when it leaves or dies. ``tiebreak`` (0..999, random per process) keeps two replicas started
+    in the same millisecond apart, since equal priorities pause both (kopf's rule).
+    """
+    if not 0 <= tiebreak < 1000:
+        raise ValueError(f"tiebreak must be 0..999, got {tiebreak}")
+    return -(int(started_s * 1000) * 1000 + tiebreak)
+
+
 _NAMES = {
     "poll_s": "SPECTUNE_POLL_SECONDS",
     "ready_timeout_s": "SPECTUNE_READY_TIMEOUT_SECONDS",
+    "peering_lifetime_s": "SPECTUNE_PEERING_LIFETIME_SECONDS",
 }
 
 

@@ -46,3 +46,25 @@ app.kubernetes.io/part-of: spectune
 {{- define "spectune.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
+
+{{/*
+The namespaces the operator watches, comma-separated: watchNamespaces, or the release namespace
+when none is given; empty with clusterWide (every namespace). clusterWide together with a
+namespace list is refused: the two say opposite things about what the operator may touch.
+*/}}
+{{- define "spectune.watchNamespaces" -}}
+{{- if .Values.clusterWide -}}
+{{- if .Values.watchNamespaces -}}
+{{- fail (printf "clusterWide: true and watchNamespaces: %v are both set: choose one (clusterWide=true watches every namespace, kube-system included; watchNamespaces only those listed)" .Values.watchNamespaces) -}}
+{{- end -}}
+{{- else -}}
+{{- join "," (default (list .Release.Namespace) .Values.watchNamespaces) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The name of the kopf peering object (KopfPeering or ClusterKopfPeering); empty: standalone. */}}
+{{- define "spectune.peeringName" -}}
+{{- if gt (int .Values.replicas) 1 -}}
+{{- include "spectune.fullname" . -}}
+{{- end -}}
+{{- end -}}

@@ -1,10 +1,13 @@
 """The Helm chart against a real helm and the real test API server (kwok runs the pods).
 
-Offline (``cluster_bin``): ``helm lint --strict``; ``helm template`` with the default values,
-with namespaced values and with every optional object; the schema refuses bad values.
-On the cluster: ``helm install`` creates the CRD, the RBAC and the Deployment (ready under
-kwok), the ServiceAccount's permissions are what deploy/rbac.yaml grants, an example
-SpecTuning is accepted, and ``helm uninstall`` leaves none of the release's objects behind.
+Offline (``cluster_bin``): ``helm lint --strict``; ``helm template`` with the default values
+(the release namespace only, the objects of deploy/rbac.yaml), with a namespace list,
+cluster-wide, with Prometheus credentials, with more than one replica (peering) and with every
+optional object; the schema and the templates refuse bad or contradictory values.
+On the cluster: ``helm install`` in each mode creates the CRD, the RBAC and the Deployment
+(ready under kwok), the ServiceAccount may do exactly what :data:`CAN_I` says (asked with
+``kubectl auth can-i --as``), an example SpecTuning is accepted, and ``helm uninstall`` leaves
+none of the release's objects behind.
 """
 
 from __future__ import annotations
@@ -57,39 +60,81 @@ def _by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def _reference_rules() -> list[dict[str, Any]]:
-    docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
-    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
-    rules: list[dict[str, Any]] = role["rules"]
-    return rules
+_RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
+def _rbac_view(docs: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """The RBAC objects keyed by (kind, namespace, name): their rules, roleRef and subjects."""
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for d in docs:
+        if d["kind"] in _RBAC_KINDS:
+            meta = d["metadata"]
+            key = (d["kind"], meta.get("namespace", ""), meta["name"])
+            out[key] = {k: d[k] for k in ("rules", "roleRef", "subjects") if k in d}
+    return out
+
+
+def _env(dep: dict[str, Any]) -> dict[str, Any]:
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+def _all_rules(kinds: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [r for kind in ("ClusterRole", "Role") for d in kinds.get(kind, []) for r in d["rules"]]
 
 
 def test_helm_lint_strict(cluster_bin: Path) -> None:
-    for extra in ([], ALL_OPTIONAL, ["--set", "watchNamespaces={llm,llm-b}"]):
+    for extra in (
+        [],
+        ALL_OPTIONAL,
+        ["--set", "watchNamespaces={llm,llm-b}"],
+        ["--set", "clusterWide=true", "--set", "replicas=2"],
+        ["--set", "replicas=3", "--set", "rbac.prometheusCredentials=true"],
+    ):
         out = _helm(cluster_bin, "lint", "--strict", str(CHART), *extra).stdout
         assert "1 chart(s) linted, 0 chart(s) failed" in out
 
 
-def test_template_default_is_cluster_wide_with_the_rbac_of_deploy(cluster_bin: Path) -> None:
+def test_template_default_is_the_release_namespace_with_the_rbac_of_deploy(
+    cluster_bin: Path,
+) -> None:
+    """The default install watches only its own namespace, reads no Secret, and its RBAC is
+    object for object deploy/rbac.yaml (named as the plain manifest names them)."""
     kinds = _by_kind(_template(cluster_bin))
     assert set(kinds) == {
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "RoleBinding",
         "Deployment",
         "Service",
     }
-    (role,) = kinds["ClusterRole"]
-    assert role["rules"] == _reference_rules()
+    plain = _rbac_view([d for d in yaml.safe_load_all(RBAC.read_text()) if d])
+    rendered = _rbac_view(_template(cluster_bin, "--set", "fullnameOverride=spectune-operator"))
+    assert rendered == plain
+    # Cluster-wide, only the CRD watch; everything else is bound in spectune-system alone.
+    (binding,) = kinds["ClusterRoleBinding"]
+    (cluster_role,) = [
+        r for r in kinds["ClusterRole"] if r["metadata"]["name"] == "spectune-cluster"
+    ]
+    assert binding["roleRef"]["name"] == "spectune-cluster"
+    assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"]]
+    (rb,) = kinds["RoleBinding"]
+    assert rb["metadata"]["namespace"] == "spectune-system"
+    assert rb["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "spectune",
+    }
+    assert rb["subjects"] == [
+        {"kind": "ServiceAccount", "name": "spectune", "namespace": "spectune-system"}
+    ]
+    assert not [r for r in _all_rules(kinds) if "secrets" in r["resources"]]
     # the rules keep their Framework/Application comments
     rbac_src = (CHART / "templates" / "rbac.yaml").read_text()
     for line in RBAC.read_text().splitlines():
         if line.strip().startswith("# Framework") or line.strip().startswith("# Application"):
             assert line.strip() in rbac_src, line
-    (binding,) = kinds["ClusterRoleBinding"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "spectune", "namespace": "spectune-system"}
-    ]
 
     (dep,) = kinds["Deployment"]
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
@@ -107,8 +152,9 @@ def test_template_default_is_cluster_wide_with_the_rbac_of_deploy(cluster_bin: P
     for probe in ("livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env["SPECTUNE_NAMESPACES"] == ""
+    env = _env(dep)
+    assert env["SPECTUNE_NAMESPACES"] == "spectune-system"
+    assert "SPECTUNE_PEERING" not in env
     assert int(env["SPECTUNE_LIVENESS_PORT"]) == ports["healthz"] == 8080
     assert int(env["SPECTUNE_METRICS_PORT"]) == ports["metrics"] == 8081
     assert "SPECTUNE_PROMETHEUS_URL" not in env
@@ -125,22 +171,116 @@ def test_template_default_is_cluster_wide_with_the_rbac_of_deploy(cluster_bin: P
                 assert f"app.kubernetes.io/{key}" in labels, (d["kind"], key)
 
 
-def test_template_namespaced_uses_roles_in_each_namespace(cluster_bin: Path) -> None:
+def test_template_namespaced_binds_the_rules_in_each_listed_namespace_only(
+    cluster_bin: Path,
+) -> None:
     kinds = _by_kind(_template(cluster_bin, "--set", "watchNamespaces={llm,llm-b}"))
-    roles = kinds["Role"]
-    assert sorted(r["metadata"]["namespace"] for r in roles) == ["llm", "llm-b"]
-    assert sorted(b["metadata"]["namespace"] for b in kinds["RoleBinding"]) == ["llm", "llm-b"]
-    (cluster_role,) = kinds["ClusterRole"]
+    assert "Role" not in kinds
+    bindings = kinds["RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["llm", "llm-b"]
+    assert {b["roleRef"]["name"] for b in bindings} == {"spectune"}
+    (crb,) = kinds["ClusterRoleBinding"]
+    assert crb["roleRef"]["name"] == "spectune-cluster"
+    roles = {r["metadata"]["name"]: r["rules"] for r in kinds["ClusterRole"]}
     # cluster-wide, only the CRD observation is left; namespaces are not listed at all
-    assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"]]
-    reference = [r for r in _reference_rules() if r["resources"] != ["namespaces"]]
-    for role in roles:
-        assert cluster_role["rules"] + role["rules"] == reference
+    assert [r["resources"] for r in roles["spectune-cluster"]] == [["customresourcedefinitions"]]
+    plain = _rbac_view([d for d in yaml.safe_load_all(RBAC.read_text()) if d])
+    assert roles["spectune"] == plain[("ClusterRole", "", "spectune-operator")]["rules"]
+    assert _env(kinds["Deployment"][0])["SPECTUNE_NAMESPACES"] == "llm,llm-b"
+
+
+def test_template_cluster_wide_is_an_explicit_choice(cluster_bin: Path) -> None:
+    kinds = _by_kind(_template(cluster_bin, "--set", "clusterWide=true"))
+    assert "RoleBinding" not in kinds
+    refs = sorted(b["roleRef"]["name"] for b in kinds["ClusterRoleBinding"])
+    assert refs == ["spectune", "spectune-cluster"]
+    roles = {r["metadata"]["name"]: r["rules"] for r in kinds["ClusterRole"]}
+    assert [r["resources"] for r in roles["spectune-cluster"]] == [
+        ["customresourcedefinitions"],
+        ["namespaces"],
+    ]
+    assert _env(kinds["Deployment"][0])["SPECTUNE_NAMESPACES"] == ""
+
+
+def test_cluster_wide_with_a_namespace_list_is_refused(cluster_bin: Path) -> None:
+    proc = _helm(
+        cluster_bin, "template", "x", str(CHART),
+        "--set", "clusterWide=true", "--set", "watchNamespaces={llm}",
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "clusterWide: true and watchNamespaces: [llm] are both set" in proc.stderr, proc.stderr
+
+
+def test_template_secrets_rule_only_with_prometheus_credentials(cluster_bin: Path) -> None:
+    def secret_rules(*extra: str) -> list[dict[str, Any]]:
+        kinds = _by_kind(_template(cluster_bin, *extra))
+        return [r for r in _all_rules(kinds) if "secrets" in r["resources"]]
+
+    assert secret_rules() == []
+    assert secret_rules("--set", "rbac.prometheusCredentials=true") == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+    ]
+    assert secret_rules(
+        "--set", "rbac.prometheusCredentials=true",
+        "--set", "rbac.prometheusCredentialNames={prom-auth,prom-b}",
+    ) == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "verbs": ["get"],
+            "resourceNames": ["prom-auth", "prom-b"],
+        }
+    ]  # fmt: skip
+
+
+def test_template_replicas_turn_peering_on(cluster_bin: Path) -> None:
+    """Above one replica: kopf peering (its object in each watched namespace and the rule to
+    use it), a rolling update instead of Recreate, and a PodDisruptionBudget."""
+    kinds = _by_kind(
+        _template(cluster_bin, "--set", "replicas=2", "--set", "watchNamespaces={a,b}")
+    )
     (dep,) = kinds["Deployment"]
-    env = {
-        e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
     }
-    assert env["SPECTUNE_NAMESPACES"] == "llm,llm-b"
+    env = _env(dep)
+    assert env["SPECTUNE_PEERING"] == "spectune"
+    assert env["SPECTUNE_PEERING_LIFETIME_SECONDS"] == "60"
+    assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    peerings = kinds["KopfPeering"]
+    assert sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings) == [
+        ("a", "spectune"),
+        ("b", "spectune"),
+    ]
+    roles = {r["metadata"]["name"]: r["rules"] for r in kinds["ClusterRole"]}
+    assert {
+        "apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"],
+        "verbs": ["get", "list", "watch", "patch"],
+    } in roles["spectune"]  # fmt: skip
+    (pdb,) = kinds["PodDisruptionBudget"]
+    assert pdb["spec"] == {
+        "minAvailable": 1,
+        "selector": {"matchLabels": dep["spec"]["selector"]["matchLabels"]},
+    }
+    wide = _by_kind(_template(cluster_bin, "--set", "replicas=2", "--set", "clusterWide=true"))
+    assert [p["metadata"]["name"] for p in wide["ClusterKopfPeering"]] == ["spectune"]
+    assert "KopfPeering" not in wide
+    roles = {r["metadata"]["name"]: r["rules"] for r in wide["ClusterRole"]}
+    assert ["clusterkopfpeerings"] in [r["resources"] for r in roles["spectune-cluster"]]
+    assert ["kopfpeerings"] not in [r["resources"] for r in roles["spectune"]]
+    # one replica: none of it
+    single = _by_kind(_template(cluster_bin))
+    assert not {"KopfPeering", "ClusterKopfPeering", "PodDisruptionBudget"} & set(single)
+    assert "kopf.dev" not in json.dumps(single["ClusterRole"])
+    proc = _helm(
+        cluster_bin, "template", "x", str(CHART),
+        "--set", "replicas=2", "--set", "podDisruptionBudget.minAvailable=2",
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "must be below replicas" in proc.stderr, proc.stderr
 
 
 def test_template_optional_objects(cluster_bin: Path) -> None:
@@ -209,7 +349,8 @@ def _release_objects(cluster: Cluster, release: str, namespaces: list[str]) -> l
     for ns in namespaces:
         out = cluster.kubectl(
             "get",
-            "deployments,services,serviceaccounts,roles,rolebindings,configmaps,pods",
+            "deployments,services,serviceaccounts,roles,rolebindings,configmaps,pods,"
+            "poddisruptionbudgets,kopfpeerings.kopf.dev",
             "-n",
             ns,
             "-l",
@@ -219,23 +360,92 @@ def _release_objects(cluster: Cluster, release: str, namespaces: list[str]) -> l
         ).stdout
         found += [f"{ns}/{n}" for n in out.split()]
     cluster_wide = cluster.kubectl(
-        "get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name"
+        "get",
+        "clusterroles,clusterrolebindings,clusterkopfpeerings.kopf.dev",
+        "-l",
+        selector,
+        "-o",
+        "name",
     ).stdout
     return found + cluster_wide.split()
 
 
-def _can(cluster: Cluster, sa: str, verb: str, resource: str, ns: str) -> bool:
-    proc = cluster.kubectl("auth", "can-i", verb, resource, "-n", ns, f"--as={sa}", check=False)
-    return proc.stdout.strip() == "yes"
+#: What the operator's ServiceAccount may do, asked of the real API server with
+#: ``kubectl auth can-i --as``: (verb, resource, where, allowed in the namespaced modes, allowed
+#: cluster-wide). ``where``: the watched namespace, an unwatched one, kube-system, every
+#: namespace at once (``-A``), or a cluster-scoped resource.
+CAN_I: list[tuple[str, str, str, bool, bool]] = [
+    # what tuning needs, in a watched namespace
+    ("get", "spectunings.spectune.io", "watched", True, True),
+    ("watch", "spectunings.spectune.io", "watched", True, True),
+    ("patch", "spectunings.spectune.io", "watched", True, True),
+    ("patch", "spectunings.spectune.io/status", "watched", True, True),
+    ("create", "deployments.apps", "watched", True, True),
+    ("patch", "deployments.apps", "watched", True, True),
+    ("delete", "deployments.apps", "watched", True, True),
+    ("list", "pods", "watched", True, True),
+    ("create", "events", "watched", True, True),
+    ("watch", "customresourcedefinitions.apiextensions.k8s.io", "cluster", True, True),
+    # never: Secrets by default, other verbs, RBAC, the CRDs themselves
+    ("get", "secrets", "watched", False, False),
+    ("list", "secrets", "watched", False, False),
+    ("watch", "secrets", "watched", False, False),
+    ("get", "secrets", "kube-system", False, False),
+    ("update", "deployments.apps", "watched", False, False),
+    ("delete", "pods", "watched", False, False),
+    ("create", "rolebindings.rbac.authorization.k8s.io", "watched", False, False),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io", "cluster", False, False),
+    # outside the watched namespaces: only with clusterWide=true
+    ("list", "pods", "kube-system", False, True),
+    ("delete", "deployments.apps", "kube-system", False, True),
+    ("patch", "deployments.apps", "unwatched", False, True),
+    ("list", "spectunings.spectune.io", "unwatched", False, True),
+    ("list", "deployments.apps", "all", False, True),
+    ("list", "namespaces", "cluster", False, True),
+]
 
 
-@pytest.mark.parametrize("mode", ["cluster-wide", "namespaced"])
+def _can(cluster: Cluster, sa: str, verb: str, resource: str, where: str | None) -> bool:
+    """``kubectl auth can-i`` as ``sa``; ``where``: a namespace, "all" (``-A``) or "cluster"."""
+    args = ["auth", "can-i", verb]
+    if resource.endswith("/status"):
+        args += [resource.removesuffix("/status"), "--subresource=status"]
+    else:
+        args.append(resource)
+    if where == "all":
+        args.append("--all-namespaces")
+    elif where not in (None, "cluster"):
+        args += ["-n", where]
+    proc = cluster.kubectl(*args, f"--as={sa}", check=False)
+    answer = proc.stdout.strip()
+    assert answer in ("yes", "no"), proc.stdout + proc.stderr
+    return answer == "yes"
+
+
+def _matrix(cluster: Cluster, sa: str, places: dict[str, str]) -> dict[tuple[str, str, str], bool]:
+    return {
+        (verb, resource, where): _can(cluster, sa, verb, resource, places.get(where, where))
+        for verb, resource, where, _, _ in CAN_I
+    }
+
+
+@pytest.mark.parametrize("mode", ["default", "namespaced", "cluster-wide"])
 def test_install_example_and_uninstall(cluster: Cluster, namespace: str, mode: str) -> None:
+    """Install in each mode; the ServiceAccount may do exactly what CAN_I says there (the
+    default watches the release namespace); an example SpecTuning is accepted; uninstall
+    leaves nothing of the release behind."""
     release = f"spt-{uuid.uuid4().hex[:6]}"
-    watched = f"{namespace}-w"
-    cluster.kubectl("create", "namespace", watched)
+    watched = namespace if mode == "default" else f"{namespace}-w"
+    unwatched = f"{namespace}-u"
+    cluster.kubectl("create", "namespace", unwatched)
+    if watched != namespace:
+        cluster.kubectl("create", "namespace", watched)
     try:
-        extra = ["--set", f"watchNamespaces={{{watched}}}"] if mode == "namespaced" else []
+        extra = {
+            "default": [],
+            "namespaced": ["--set", f"watchNamespaces={{{watched}}}"],
+            "cluster-wide": ["--set", "clusterWide=true"],
+        }[mode]
         installed = cluster.helm(
             "install", release, str(CHART), "-n", namespace, *extra,
             "--wait", "--timeout", "120s",
@@ -245,29 +455,26 @@ def test_install_example_and_uninstall(cluster: Cluster, namespace: str, mode: s
         notes = installed.stdout.split("NOTES:", 1)[1]  # the next commands
         assert f"kubectl -n {namespace} rollout status deployment/{name}" in notes
         assert "kubectl apply -n <namespace> -f examples/spectuning.yaml" in notes
+        if mode == "cluster-wide":
+            assert "every namespace" in notes, notes
+        else:
+            assert f"It watches SpecTunings only in: {watched}." in notes, notes
+        assert "It may read no Secret" in notes, notes
         cluster.kubectl("get", "crd", "spectunings.spectune.io")
         dep = json.loads(
             cluster.kubectl("get", "deploy", name, "-n", namespace, "-o", "json").stdout
         )
         assert dep["status"].get("readyReplicas") == 1
         sa = f"system:serviceaccount:{namespace}:{name}"
-        assert _can(cluster, sa, "watch", "spectunings.spectune.io", watched)
-        assert _can(cluster, sa, "patch", "spectunings.spectune.io/status", watched)
-        assert _can(cluster, sa, "create", "deployments.apps", watched)
-        assert not _can(cluster, sa, "update", "deployments.apps", watched)
-        # authSecretRef reads one named Secret; listing or watching them is never granted.
-        assert _can(cluster, sa, "get", "secrets", watched)
-        assert not _can(cluster, sa, "list", "secrets", watched)
-        assert not _can(cluster, sa, "watch", "secrets", watched)
-        other = "kube-system"
-        assert _can(cluster, sa, "list", "spectunings.spectune.io", other) is (
-            mode == "cluster-wide"
-        )
+        got = _matrix(cluster, sa, {"watched": watched, "unwatched": unwatched})
+        wide = mode == "cluster-wide"
+        want = {(v, r, w): (all_ns if wide else ns) for v, r, w, ns, all_ns in CAN_I}
+        assert got == want, {k: v for k, v in got.items() if want[k] != v}
 
         # an example SpecTuning is accepted by the CRD's schema (server-side)
         cluster.kubectl("apply", "-n", watched, "-f", str(EXAMPLE))
-        got = cluster.kubectl("get", "spt", "-n", watched, "-o", "name").stdout.split()
-        assert got == ["spectuning.spectune.io/llama-70b"]
+        got_spt = cluster.kubectl("get", "spt", "-n", watched, "-o", "name").stdout.split()
+        assert got_spt == ["spectuning.spectune.io/llama-70b"]
         cluster.kubectl("delete", "-n", watched, "-f", str(EXAMPLE), "--wait=true")
 
         cluster.helm("uninstall", release, "-n", namespace, "--wait", "--timeout", "60s")
@@ -281,4 +488,27 @@ def test_install_example_and_uninstall(cluster: Cluster, namespace: str, mode: s
         # the CRD stays (Helm never deletes crds/), as the README says
         cluster.kubectl("get", "crd", "spectunings.spectune.io")
     finally:
-        cluster.kubectl("delete", "namespace", watched, "--wait=false", check=False)
+        for ns in {watched, unwatched} - {namespace}:
+            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_prometheus_credentials_grant_get_on_the_named_secrets_only(
+    cluster: Cluster, namespace: str
+) -> None:
+    """rbac.prometheusCredentials with resourceNames: ``get`` on those Secrets in the watched
+    namespace, nothing on any other Secret, never ``list``, and nothing outside."""
+    release = f"spt-{uuid.uuid4().hex[:6]}"
+    cluster.helm(
+        "install", release, str(CHART), "-n", namespace,
+        "--set", "rbac.prometheusCredentials=true",
+        "--set", "rbac.prometheusCredentialNames={prom-auth}",
+        timeout=180,
+    )  # fmt: skip
+    try:
+        sa = f"system:serviceaccount:{namespace}:{release}-spectune"
+        assert _can(cluster, sa, "get", "secrets/prom-auth", namespace)
+        assert not _can(cluster, sa, "get", "secrets/other", namespace)
+        assert not _can(cluster, sa, "list", "secrets", namespace)
+        assert not _can(cluster, sa, "get", "secrets/prom-auth", "kube-system")
+    finally:
+        cluster.helm("uninstall", release, "-n", namespace, "--wait", "--timeout", "60s")

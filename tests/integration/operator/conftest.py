@@ -2,7 +2,9 @@
 
 The operator runs as a subprocess (``python -m spectune.run``) with the credentials of the
 ServiceAccount in ``deploy/rbac.yaml`` — a real token from the TokenRequest API, so the API
-server enforces exactly the manifest's rules (never cluster-admin).
+server enforces exactly the manifest's rules (never cluster-admin). The manifest grants its
+namespaced rules in spectune-system only; each test's namespace gets the RoleBinding that
+``deploy/rbac.yaml`` says to add for a watched namespace (``namespace`` below).
 """
 
 from __future__ import annotations
@@ -27,16 +29,12 @@ CRD = REPO / "crds" / "spectune.io_spectunings.yaml"
 SA, SA_NAMESPACE = "spectune-operator", "spectune-system"
 
 
-@pytest.fixture(scope="session")
-def operator_kubeconfig(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """CRD and RBAC applied; a kubeconfig holding the operator ServiceAccount's token."""
-    cluster.kubectl("apply", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD))
-    cluster.kubectl("apply", "-f", str(RBAC))
+def kubeconfig_for(cluster: Cluster, namespace: str, sa: str, path: Path) -> Path:
+    """A kubeconfig at ``path`` holding a real token of ServiceAccount ``namespace/sa``."""
     core = client.CoreV1Api(cluster.api)
     token = core.create_namespaced_service_account_token(
-        SA,
-        SA_NAMESPACE,
+        sa,
+        namespace,
         client.AuthenticationV1TokenRequest(
             spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=7200)
         ),
@@ -49,13 +47,46 @@ def operator_kubeconfig(cluster: Cluster, tmp_path_factory: pytest.TempPathFacto
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "test", "cluster": cl["cluster"]}],
-        "users": [{"name": SA, "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "test", "user": SA}}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "test", "user": sa}}],
         "current-context": "operator",
     }
-    path = tmp_path_factory.mktemp("operator") / "kubeconfig"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """CRD and RBAC applied; a kubeconfig holding the operator ServiceAccount's token."""
+    cluster.kubectl("apply", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD))
+    cluster.kubectl("apply", "-f", str(RBAC))
+    return kubeconfig_for(
+        cluster, SA_NAMESPACE, SA, tmp_path_factory.mktemp("operator") / "kubeconfig"
+    )
+
+
+def bind_operator(cluster: Cluster, namespace: str, sa: str = SA) -> None:
+    """Grant ``deploy/rbac.yaml``'s namespaced rules (ClusterRole spectune-operator) to the
+    operator's ServiceAccount in ``namespace``, as the manifest says to for a watched one."""
+    client.RbacAuthorizationV1Api(cluster.api).create_namespaced_role_binding(
+        namespace,
+        client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name="spectune-operator"),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=SA
+            ),
+            subjects=[client.RbacV1Subject(kind="ServiceAccount", name=sa, namespace=SA_NAMESPACE)],
+        ),
+    )
+
+
+@pytest.fixture
+def namespace(namespace: str, cluster: Cluster, operator_kubeconfig: Path) -> str:
+    """The test's namespace (``tests/fixtures/cluster.py``), watched: the operator's rules are
+    bound in it."""
+    bind_operator(cluster, namespace)
+    return namespace
 
 
 class OperatorProcess:

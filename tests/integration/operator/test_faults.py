@@ -402,12 +402,15 @@ def test_second_spectuning_on_a_deployment_is_refused(
 def crippled_kubeconfig(
     cluster: Cluster, operator_kubeconfig: Path, tmp_path: Path
 ) -> Iterator[tuple[Path, Callable[[], None]]]:
-    """A ServiceAccount bound to a copy of ``deploy/rbac.yaml``'s ClusterRole without
-    ``patch`` on Deployments; yields its kubeconfig and a function that gives the verb back."""
+    """A ServiceAccount bound to a copy of ``deploy/rbac.yaml``'s ClusterRoles (their rules
+    together) without ``patch`` on Deployments; yields its kubeconfig and a function that gives
+    the verb back."""
     suffix = tmp_path.name[-20:].lower().replace("_", "-").strip("-")
     name = f"spectune-nopatch-{suffix}"
     docs = list(yaml.safe_load_all(RBAC.read_text()))
-    role = copy.deepcopy(next(d for d in docs if d["kind"] == "ClusterRole"))
+    roles = [d for d in docs if d["kind"] == "ClusterRole"]
+    role = copy.deepcopy(roles[0])
+    role["rules"] = [copy.deepcopy(r) for d in roles for r in d["rules"]]
     full = copy.deepcopy(role)
     role["metadata"]["name"] = name
     for rule in role["rules"]:
