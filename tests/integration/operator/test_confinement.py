@@ -3,7 +3,9 @@ and a Prometheus without the target's series is no data, not a reason to tune.
 
 ``spectune run`` runs as the ServiceAccount of ``deploy/rbac.yaml`` against the real API
 server; the "attacker's listener" is a plain HTTP server on loopback that records the
-``Authorization`` headers it receives and answers like a Prometheus with no series; the
+``Authorization`` headers it receives and answers like a Prometheus with no series (the
+operator is granted ``get`` on Secrets in the namespace, as the chart's
+``rbac.prometheusCredentials`` does); the
 no-data case uses the real Prometheus of the fixture, which scrapes nothing of the target.
 """
 
@@ -22,7 +24,7 @@ from kubernetes import client
 from spectune.k8s.sources import LABEL_CREDENTIALS
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.prometheus import Prometheus
-from tests.integration.operator.conftest import OperatorProcess
+from tests.integration.operator.conftest import SA, SA_NAMESPACE, OperatorProcess
 from tests.integration.operator.helpers import MODEL, Env, diagnostics, spectuning
 
 TOKEN = "tok-of-the-db-team-5f1c"
@@ -68,6 +70,32 @@ def listener() -> Iterator[Listener]:
         one.close()
 
 
+def _grant_secret_reads(cluster: Cluster, namespace: str) -> None:
+    """``get`` on Secrets for the operator in ``namespace``, as the chart's
+    ``rbac.prometheusCredentials=true`` grants it: the case where the operator may read
+    Secrets that a SpecTuning's author may not (the confused deputy's precondition)."""
+    rbac = client.RbacAuthorizationV1Api(cluster.api)
+    rbac.create_namespaced_role(
+        namespace,
+        client.V1Role(
+            metadata=client.V1ObjectMeta(name="spectune-prometheus-credentials"),
+            rules=[client.V1PolicyRule(api_groups=[""], resources=["secrets"], verbs=["get"])],
+        ),
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name="spectune-prometheus-credentials"),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io",
+                kind="Role",
+                name="spectune-prometheus-credentials",
+            ),
+            subjects=[client.RbacV1Subject(kind="ServiceAccount", name=SA, namespace=SA_NAMESPACE)],
+        ),
+    )
+
+
 def _secret(env: Env, labels: dict[str, str] | None = None) -> None:
     body = client.V1Secret(
         metadata=client.V1ObjectMeta(name="db-creds", labels=labels),
@@ -89,6 +117,7 @@ def test_a_spectuning_cannot_send_an_unlabelled_secret_to_its_authors_listener(
     owner labels it, it is used, which shows the listener would have seen it."""
     env = Env(cluster, namespace)
     env.create_target(["serve", MODEL])
+    _grant_secret_reads(cluster, namespace)
     _secret(env)
     op = start_operator(namespace)
     spt = spectuning(listener.url)
