@@ -3,8 +3,10 @@
 Used by ``spectune diagnose --prometheus`` and by the operator (the default source). The
 PromQL is built from the dialect's catalogue: counters only through ``increase()``,
 gauges through ``avg_over_time()``, so a restarted pod (counter reset) or a scrape gap
-never turns into a wrong number. prometheus-api-client is synchronous; each query runs in
-a worker thread with an explicit timeout so the operator's event loop never blocks.
+never turns into a wrong number. The HTTP session (requests, set up through
+prometheus-api-client) is synchronous; each query runs in a worker thread with an explicit
+timeout so the operator's event loop never blocks. Answers are classified by :func:`answer`
+(HTTP status and ``errorType``, never the body's words), and redirects are not followed.
 """
 
 from __future__ import annotations
