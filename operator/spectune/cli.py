@@ -176,13 +176,17 @@ def _observations(args: argparse.Namespace) -> tuple[Observation, Observation | 
         raise InputError(
             '--prometheus needs --selector, e.g. --selector \'{namespace="llm",pod=~"llama-.*"}\''
         )
-    source = PrometheusSource(args.prometheus, args.selector, timeout_s=args.timeout)
+    source = PrometheusSource(
+        args.prometheus, args.selector, timeout_s=args.timeout, quote_errors=True
+    )
 
     async def both() -> tuple[Observation, Observation | None]:
         obs = await source.observe(window)
         baseline = None
         if args.baseline_selector:
-            base = PrometheusSource(args.prometheus, args.baseline_selector, timeout_s=args.timeout)
+            base = PrometheusSource(
+                args.prometheus, args.baseline_selector, timeout_s=args.timeout, quote_errors=True
+            )
             baseline = await base.observe(window)
         return obs, baseline
 

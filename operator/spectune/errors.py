@@ -10,10 +10,12 @@ from __future__ import annotations
 __all__ = [
     "InputError",
     "NoDataError",
+    "QueryRejectedError",
     "RolloutStuckError",
     "SourceUnavailableError",
     "SpecError",
     "SpecTuneError",
+    "UnauthorizedError",
     "WindowCutError",
 ]
 
@@ -42,6 +44,25 @@ class NoDataError(SpecTuneError):
 
 class SourceUnavailableError(SpecTuneError):
     """The metric source could not be reached or answered garbage (temporary)."""
+
+
+class UnauthorizedError(SourceUnavailableError):
+    """The metric source refused the credentials (HTTP 401 or 403), a temporary error.
+
+    Credentials are fixed outside the spec (a Secret rotated, a grant given), so the setting
+    is held and the source asked again later; it is never an invalid spec.
+    """
+
+
+class QueryRejectedError(SourceUnavailableError):
+    """Prometheus rejected a query spectune built as ``bad_data`` (HTTP 400), a temporary error.
+
+    The query is the operator's: a template of the engine's catalogue around the user's
+    selector, which :func:`~spectune.selectors.validate_selector` has already checked. What
+    remains is a regular expression of the selector that Prometheus' RE2 refuses, or an
+    operator bug or a Prometheus too old for the query; neither is sure to be the spec, so
+    the setting is held and the query tried again, never a ``Failed`` SpecTuning.
+    """
 
 
 class RolloutStuckError(SpecTuneError):

@@ -24,6 +24,12 @@ variable                        meaning
 ``SPECTUNE_DRAFT_COST``         draft cost ``c`` assumed by ``mode: recommend``, by the
                                 status diagnosis and by the search until it has measured
                                 one (its first trial), in target-step units
+``SPECTUNE_PROMETHEUS_URL_ALLOWLIST``  comma-separated Prometheus URLs a SpecTuning may
+                                name in ``spec.metrics.prometheus.url``: an entry allows
+                                itself and any path below it on the same scheme, host and
+                                port; empty: any URL
+``SPECTUNE_SCRAPE_MAX_BYTES``   the largest metrics page read from a pod
+                                (``metrics.scrape``), bytes; a larger one is refused
 ``SPECTUNE_PEERING``            name of the kopf peering object (a KopfPeering in each
                                 watched namespace, or a ClusterKopfPeering cluster-wide)
                                 shared by the operator's replicas; unset: standalone, one
@@ -83,6 +89,10 @@ class Settings:
     """Draft cost ``c`` assumed where none is measured, in target-step units."""
     ready_timeout_s: float = 1800.0
     """A canary not ready after this long (before ``time_scale``) is infeasible, seconds."""
+    prometheus_url_allowlist: tuple[str, ...] = ()
+    """Prometheus URLs a SpecTuning may name (and paths below them); empty: any."""
+    scrape_max_bytes: int = 8 * 1024 * 1024
+    """The largest metrics page read from a pod, in bytes (after decompression)."""
     peering: str | None = None
     """Name of the kopf peering object the replicas share; None: standalone (one replica)."""
     peering_priority: int | None = None
@@ -107,6 +117,14 @@ class Settings:
             ("http://", "https://")
         ):
             raise SpecError(f"{_var('prometheus_url')}: must start with http:// or https://")
+        for entry in self.prometheus_url_allowlist:
+            if not entry.startswith(("http://", "https://")):
+                raise SpecError(
+                    f"{_var('prometheus_url_allowlist')}: {entry!r} must start with http:// or "
+                    "https://"
+                )
+        if self.scrape_max_bytes < 1024:
+            raise SpecError(f"{_var('scrape_max_bytes')}: must be at least 1024 bytes")
         if self.peering is not None and not _OBJECT_NAME.match(self.peering):
             raise SpecError(
                 f"{_var('peering')}={self.peering!r}: must be a Kubernetes object name "
@@ -132,7 +150,7 @@ class Settings:
                 continue
             raw = raw.strip()
             try:
-                if f.name == "namespaces":
+                if f.name in ("namespaces", "prometheus_url_allowlist"):
                     values[f.name] = tuple(n.strip() for n in raw.split(",") if n.strip())
                 elif f.name in ("prometheus_url", "peering"):
                     values[f.name] = raw
@@ -140,6 +158,7 @@ class Settings:
                     "liveness_port",
                     "metrics_port",
                     "metrics_failures",
+                    "scrape_max_bytes",
                     "peering_priority",
                     "peering_lifetime_s",
                 ):

@@ -184,14 +184,18 @@ class PrometheusMetrics(ApiModel):
 
     url: HttpUrl = Field(
         description="Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090."
-        " Required."
+        " Must be on the operator's SPECTUNE_PROMETHEUS_URL_ALLOWLIST when one is set; "
+        "redirects are not followed. Required."
     )
     auth_secret_ref: SecretKeyRef | None = Field(
         None,
         description=(
             "Secret with the credentials for Prometheus: a bearer token, or username and "
-            "password for a Secret of type kubernetes.io/basic-auth. The operator reads it "
-            "with get on secrets. Unset: no authentication."
+            "password for a Secret of type kubernetes.io/basic-auth. Only a Secret labelled "
+            'spectune.io/prometheus-credentials: "true" is used (any other is treated as '
+            "missing), so no SpecTuning can send a Secret that was not meant for Prometheus; "
+            "a Secret annotated spectune.io/prometheus-url: <url> is sent to that URL only. "
+            "The operator reads it with get on secrets. Unset: no authentication."
         ),
     )
     selector: PromSelector | None = Field(

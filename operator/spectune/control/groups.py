@@ -56,7 +56,13 @@ class PairedSources:
         self._waits = waits
 
     async def observe(self, window_s: float) -> Mapping[Group, Observation]:
-        """Both groups' observations of the same window; a group with no data is absent."""
+        """Both groups' observations of the same window.
+
+        A canary with no data is absent (its pods may not have served, or been scraped, in
+        the window). The incumbent with no data raises :class:`NoDataError`: the target's
+        pods are the reference of every comparison and the baseline of the search, and a
+        window without them is no evidence of anything.
+        """
         if not self._waits:
             await self._sleep(window_s)
         canary = self._canary()
@@ -68,8 +74,8 @@ class PairedSources:
         for group, res in zip((Group.INCUMBENT, Group.CANARY), results, strict=False):
             if isinstance(res, Observation):
                 out[group] = res
-            elif isinstance(res, NoDataError):
-                continue  # no pod of this group served in the window
+            elif isinstance(res, NoDataError) and group is Group.CANARY:
+                continue  # no pod of the canary served in the window
             elif isinstance(res, BaseException):
                 raise res
         return out

@@ -171,6 +171,8 @@ class Diagnosis:
     measured_speedup_interval: ConfidenceInterval | None
     findings: tuple[Finding, ...]
     notes: tuple[str, ...] = field(default=())
+    counter_resets: tuple[str, ...] = field(default=())
+    """The pods whose counters went back within the window (a restart)."""
 
     @property
     def codes(self) -> tuple[Code, ...]:
@@ -211,6 +213,7 @@ class Diagnosis:
             "measured_speedup_interval": _interval(self.measured_speedup_interval),
             "findings": [f.to_json() for f in self.findings],
             "notes": list(self.notes),
+            "counter_resets": list(self.counter_resets),
         }
 
 
@@ -423,6 +426,12 @@ def diagnose(
     k, k_source = _current_k(obs, current_k)
     acc, notes = _acceptance(obs, k, th.confidence)
     notes = [f"current k = {k} (from {k_source})", *notes]
+    if obs.resets:
+        notes.append(
+            f"counter reset within the window on {', '.join(obs.resets)} (the engine "
+            "restarted): those pods' increases count from zero after the restart, as "
+            "Prometheus' increase() does, so the window holds less of them than its length"
+        )
     survival = np.asarray(acc.per_position, dtype=float)
     e_all = expected_tokens(survival)
     findings: list[Finding] = []
@@ -667,4 +676,5 @@ def diagnose(
         measured_speedup_interval=speedup_ci,
         findings=tuple(findings),
         notes=tuple(notes),
+        counter_resets=obs.resets,
     )

@@ -302,6 +302,8 @@ class InPlaceMetrics:
         try:
             obs = await self._source.observe(window_s)
         except NoDataError:
+            if trial is None:
+                raise  # the target alone, with no series: nothing was measured
             return {}
         if trial is None:
             if incumbent is not None:

@@ -66,7 +66,15 @@ from spectune.control.controller import Controller, Event
 from spectune.control.groups import PairedSources, WindowedSource
 from spectune.control.ports import Deployment, Group, GroupMetrics
 from spectune.diagnose import diagnose
-from spectune.errors import NoDataError, SourceUnavailableError, SpecError, SpecTuneError
+from spectune.errors import (
+    InputError,
+    NoDataError,
+    QueryRejectedError,
+    SourceUnavailableError,
+    SpecError,
+    SpecTuneError,
+    UnauthorizedError,
+)
 from spectune.k8s.actuator import ForbiddenError, KubeActuator, TargetMissingError, api_error
 from spectune.k8s.deployments import (
     ANNOTATION_FINGERPRINT,
@@ -92,7 +100,12 @@ from spectune.k8s.projection import (
 )
 from spectune.k8s.routes import RouteWatch, describe_move, encode_mix
 from spectune.k8s.series import canary_selector, target_selector
-from spectune.k8s.sources import AuthSecretError, PodsScrapeSource, prometheus_headers
+from spectune.k8s.sources import (
+    AuthSecretError,
+    PodsScrapeSource,
+    check_url_allowed,
+    prometheus_headers,
+)
 from spectune.k8s.telemetry import OperatorMetrics
 from spectune.metrics.observation import Observation
 from spectune.metrics.prometheus import PrometheusSource
@@ -142,7 +155,30 @@ class WallClock:
 
 
 class MetricsOutageError(SourceUnavailableError):
-    """The metric source failed for a window (the tuning loop holds the setting)."""
+    """The metric source failed for a window (the tuning loop holds the setting).
+
+    ``reason`` is the ``MetricsAvailable`` condition's: ``SourceUnavailable`` (unreachable,
+    5xx, timeouts, garbage), ``Unauthorized`` (HTTP 401/403), ``QueryRejected`` (HTTP 400
+    ``bad_data`` on a query spectune built), ``NoData`` (the source answered, without the
+    target's series) or ``BadMetrics`` (the pods' numbers cannot be read, e.g. a NaN
+    counter). Every one holds the setting; none is an invalid spec.
+    """
+
+    def __init__(self, message: str, reason: str = "SourceUnavailable") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _outage_reason(exc: SpecTuneError) -> str:
+    if isinstance(exc, UnauthorizedError):
+        return "Unauthorized"
+    if isinstance(exc, QueryRejectedError):
+        return "QueryRejected"
+    if isinstance(exc, NoDataError):
+        return "NoData"
+    if isinstance(exc, InputError):
+        return "BadMetrics"
+    return "SourceUnavailable"
 
 
 class _RecordingMetrics:
@@ -153,9 +189,15 @@ class _RecordingMetrics:
     of every step, before the window it observes).
     """
 
-    def __init__(self, inner: GroupMetrics, running: Callable[[], Deployment | None]) -> None:
+    def __init__(
+        self,
+        inner: GroupMetrics,
+        running: Callable[[], Deployment | None],
+        on_resets: Callable[[Group, tuple[str, ...]], None] | None = None,
+    ) -> None:
         self._inner = inner
         self._running = running
+        self._on_resets = on_resets
         self.last: Mapping[Group, Observation] = {}
         self.ran: Mapping[Group, Arm | None] = {}
 
@@ -163,8 +205,14 @@ class _RecordingMetrics:
         dep = self._running()
         try:
             out = await self._inner.observe(window_s)
-        except SourceUnavailableError as exc:
-            raise MetricsOutageError(str(exc)) from None
+        except (SourceUnavailableError, NoDataError, InputError) as exc:
+            # A window the source could not give (or gave in numbers that cannot be read)
+            # is never judged and never ends the SpecTuning: the loop holds and counts it.
+            raise MetricsOutageError(str(exc), _outage_reason(exc)) from None
+        if self._on_resets is not None:
+            for group, obs in out.items():
+                if obs.resets:
+                    self._on_resets(group, obs.resets)
         self.last = out
         self.ran = {} if dep is None else {Group.INCUMBENT: dep.incumbent, Group.CANARY: dep.canary}
         return out
@@ -500,7 +548,9 @@ class TuningLoop:
             spec = parse_spec(self._body["spec"])
             check_supported(spec)
         except SpecError as exc:
-            await self._invalid(str(exc), gen)
+            memory = await self._stand_down(f"the spec became invalid: {exc}")
+            self._built = None
+            await self._invalid(str(exc), gen, memory)
             return
         if await self._conflict(spec):
             return
@@ -517,11 +567,13 @@ class TuningLoop:
         except ForbiddenError:
             raise
         except AuthSecretError as exc:  # the user may create the Secret: look again later
+            memory = await self._stand_down("the Prometheus credentials cannot be used")
             self._built = None
-            await self._secret_missing(str(exc))
+            await self._secret_missing(str(exc), memory)
         except SpecError as exc:  # e.g. the target runs a drafter the spec does not list
+            memory = await self._stand_down(f"the spec cannot be honoured: {exc}")
             self._built = None
-            await self._invalid(str(exc), gen)
+            await self._invalid(str(exc), gen, memory)
         else:
             if self._missing is not None:
                 self._missing = None
@@ -569,13 +621,37 @@ class TuningLoop:
         )
         await self._wait()
 
-    async def _secret_missing(self, message: str) -> None:
+    async def _stand_down(self, why: str) -> Memory | None:
+        """Before the loop stops tuning for a reason of its own (an invalid spec, unusable
+        credentials): end a running trial and remove its canary (an in-place trial: the
+        target back to its incumbent), so no arm serves live traffic unjudged.
+
+        Without a built loop (the spec never parsed, a restart), the canaries are found by
+        the SpecTuning's label and removed; a trial in the status then resumes once the
+        loop can run again. Returns the memory to write (None without a built loop).
+        """
+        b = self._built
+        if b is None:
+            raw = self._body.get("spec") or {}
+            name = str((raw.get("targetRef") or {}).get("name", ""))
+            await KubeActuator(self._api, self._spt(), name, None, "vllm", {}).stop_canary()
+            return None
+        c = b.controller
+        running = c._running()
+        await b.actuator.stop_canary()
+        await b.actuator.settle()
+        if running is not None:
+            c.history = c.history.update_last(running.ended(Outcome.ABORTED, why[:300]))
+            self._emit("Warning", "TrialAborted", f"{running.arm}: {why[:300]}; canary removed")
+        return self._memory()
+
+    async def _secret_missing(self, message: str, memory: Memory | None) -> None:
         await self._write(
             StatusInputs(
                 phase=self._status.phase or Phase.BASELINE,
                 generation=self._generation,
                 now=_now(),
-                memory=self._memory(),
+                memory=memory,
                 conditions=(
                     _cond("Ready", False, "AuthSecretMissing", message),
                     _cond("MetricsAvailable", False, "AuthSecretMissing", message),
@@ -584,12 +660,13 @@ class TuningLoop:
         )
         await self._clock.sleep(max(self._settings.poll_s, _FORBIDDEN_RETRY_S))
 
-    async def _invalid(self, message: str, gen: int | None) -> None:
+    async def _invalid(self, message: str, gen: int | None, memory: Memory | None = None) -> None:
         await self._write(
             StatusInputs(
                 phase=Phase.FAILED,
                 generation=gen,
                 now=_now(),
+                memory=memory,
                 conditions=(_cond("Ready", False, "InvalidSpec", message),),
             )
         )
@@ -703,7 +780,11 @@ class TuningLoop:
         if scrape is not None:
             kube = KubeActuator(self._api, self._spt(), name, None, "vllm", {})
             target = PodsScrapeSource(
-                kube.target_pods, scrape, f"Deployment {name}", self._clock.sleep
+                kube.target_pods,
+                scrape,
+                f"Deployment {name}",
+                self._clock.sleep,
+                max_bytes=s.scrape_max_bytes,
             )
 
             def scraped_canary() -> WindowedSource | None:
@@ -711,14 +792,20 @@ class TuningLoop:
                 if dep is None or dep.canary is None:
                     return None
                 return PodsScrapeSource(
-                    kube.canary_pods, scrape, f"canary {dep.canary.name}", self._clock.sleep
+                    kube.canary_pods,
+                    scrape,
+                    f"canary {dep.canary.name}",
+                    self._clock.sleep,
+                    max_bytes=s.scrape_max_bytes,
                 )
 
             return target, scraped_canary, True, None
         prom = spec.metrics.prometheus
         assert prom is not None  # parse_spec: exactly one of prometheus or scrape
+        if s.prometheus_url is None:  # the operator's own override is trusted as it is
+            check_url_allowed(str(prom.url), s.prometheus_url_allowlist)
         url = s.prometheus_url or str(prom.url)
-        headers = await prometheus_headers(self._api, self._ns, prom.auth_secret_ref)
+        headers = await prometheus_headers(self._api, self._ns, prom.auth_secret_ref, url)
         user = prom.selector
         incumbent = PrometheusSource(url, target_selector(self._ns, name, user), headers=headers)
 
@@ -734,6 +821,17 @@ class TuningLoop:
             return self._canary_sources[cname]
 
         return incumbent, canary, False, incumbent
+
+    def _counter_reset(self, group: Group, pods: tuple[str, ...]) -> None:
+        """Say that a window's counters went back on some pods (a restart within it)."""
+        whose = "the canary's" if group is Group.CANARY else "the target's"
+        self._emit(
+            "Normal",
+            "CounterReset",
+            f"{whose} pod(s) {', '.join(pods)} restarted within the window (counters went "
+            "back): their increases count from zero after the restart, as Prometheus' "
+            "increase() does",
+        )
 
     def _route_change(
         self, distance: float, old: Mapping[str, float], new: Mapping[str, float]
@@ -850,7 +948,7 @@ class TuningLoop:
             )
         else:
             inner_metrics = PairedSources(incumbent, canary, window_sleep, waits=waits)
-        metrics = _RecordingMetrics(inner_metrics, lambda: actuator.last)
+        metrics = _RecordingMetrics(inner_metrics, lambda: actuator.last, self._counter_reset)
         controller = Controller(
             policy=SpectunePolicy(),
             actuator=actuator,
@@ -951,7 +1049,7 @@ class TuningLoop:
                 )
             )
         except MetricsOutageError as exc:
-            conditions.append(await self._outage(b, str(exc)))
+            conditions.append(await self._outage(b, str(exc), exc.reason))
         except (_SpecChangedError, _WindowCutError) as exc:
             log.info("%s/%s: %s", self._ns, self._name, exc)
             return  # the next turn acts on it (suspend, mode, search, a new model ...)
@@ -992,7 +1090,7 @@ class TuningLoop:
         st = b.controller.state
         return b.actuator._routes is not None and st.model_version is not None and not st.routes
 
-    async def _outage(self, b: _Built, why: str) -> ConditionUpdate:
+    async def _outage(self, b: _Built, why: str, kind: str) -> ConditionUpdate:
         self._failures += 1
         if self._telemetry is not None:
             self._telemetry.source_errors.labels(self._ns, self._name).inc()
@@ -1014,7 +1112,7 @@ class TuningLoop:
             message += f"; trial {running.arm} ended and {where}"
         else:
             await self._clock.sleep(min(self._settings.poll_s, c.config.window_s))
-        return _cond("MetricsAvailable", False, "SourceUnavailable", message)
+        return _cond("MetricsAvailable", False, kind, message)
 
     async def _pause(self, b: _Built, target: Obj) -> None:
         if not self._paused:
@@ -1117,15 +1215,16 @@ class TuningLoop:
                 )
             )
             return
-        except SourceUnavailableError as exc:
+        except (SourceUnavailableError, InputError) as exc:
             if self._telemetry is not None:
                 self._telemetry.source_errors.labels(self._ns, self._name).inc()
+            reason = _outage_reason(exc)
             await self._write(
                 StatusInputs(
                     phase=self._status.phase or Phase.BASELINE,
                     generation=gen,
                     now=_now(),
-                    conditions=(_cond("MetricsAvailable", False, "SourceUnavailable", str(exc)),),
+                    conditions=(_cond("MetricsAvailable", False, reason, str(exc)),),
                 )
             )
             return

@@ -161,12 +161,31 @@ def _by_labels(samples: Iterable[Sample]) -> dict[Labels, float]:
     return {s.labels: s.value for s in samples}
 
 
+def _finite(snap: Snapshot, name: str) -> None:
+    """Refuse a counter (or histogram part) whose value is NaN or infinite.
+
+    A counter counts events: it is a finite number on any engine that works. ``+Inf`` or
+    NaN is a corrupt page (or another program's), and read on it would give an infinite
+    or NaN increase, hence an acceptance or a latency that means nothing.
+    """
+    for sample in snap.series(name):
+        if not math.isfinite(sample.value):
+            labels = ",".join(f'{k}="{v}"' for k, v in sample.labels)
+            raise InputError(
+                f"pod {snap.pod}: counter {name}{{{labels}}} is {sample.value:g}; a counter "
+                "is never NaN or infinite, so the page is corrupt and the window cannot be read"
+            )
+
+
 def _counter_delta(
     before: Snapshot | None, after: Snapshot, name: str | None
 ) -> tuple[dict[Labels, float], bool] | None:
     """Per-series increase of a counter between two snapshots; None if absent after."""
     if name is None or not after.has(name):
         return None
+    _finite(after, name)
+    if before is not None:
+        _finite(before, name)
     prev = _by_labels(before.series(name)) if before is not None else {}
     out: dict[Labels, float] = {}
     reset = False
@@ -187,6 +206,10 @@ def _histogram_delta(
     """Window increase of a histogram, all series on the pod summed (e.g. DP engines)."""
     if name is None or not after.has(name + "_bucket"):
         return None
+    for snap in (after, before):
+        for part in ("_bucket", "_sum", "_count"):
+            if snap is not None:
+                _finite(snap, name + part)
     reset = False
     # Group the bucket samples by their series (labels without ``le``).
     after_b: dict[Labels, dict[float, float]] = {}
@@ -477,6 +500,8 @@ def _check_one_process(pod: str, beg: Snapshot, end: Snapshot, names: Sequence[s
     for name in names:
         if name is None or not beg.has(name):
             continue
+        _finite(beg, name)
+        _finite(end, name)
         if not end.has(name):
             raise InputError(
                 f"pod {pod}: {name} is on the window's first page but missing from its last; "

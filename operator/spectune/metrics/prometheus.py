@@ -3,33 +3,42 @@
 Used by ``spectune diagnose --prometheus`` and by the operator (the default source). The
 PromQL is built from the dialect's catalogue: counters only through ``increase()``,
 gauges through ``avg_over_time()``, so a restarted pod (counter reset) or a scrape gap
-never turns into a wrong number. prometheus-api-client is synchronous; each query runs in
-a worker thread with an explicit timeout so the operator's event loop never blocks.
+never turns into a wrong number. The HTTP session (requests, set up through
+prometheus-api-client) is synchronous; each query runs in a worker thread with an explicit
+timeout so the operator's event loop never blocks. Answers are classified by :func:`answer`
+(HTTP status and ``errorType``, never the body's words), and redirects are not followed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+import requests
 from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests import RequestException
 from requests.exceptions import RetryError
 from urllib3.util.retry import Retry
 
 from spectune.engines import Catalogue, Dialect, catalogue_for
-from spectune.errors import InputError, NoDataError, SourceUnavailableError
+from spectune.errors import (
+    InputError,
+    NoDataError,
+    QueryRejectedError,
+    SourceUnavailableError,
+    UnauthorizedError,
+)
 from spectune.metrics.exposition import Sample, Snapshot
 from spectune.metrics.observation import Observation, observation_from_pages
 from spectune.selectors import validate_selector
 
-__all__ = ["PrometheusSource", "validate_selector"]
+__all__ = ["PrometheusSource", "answer", "validate_selector"]
 
 
 Result = list[dict[str, Any]]
@@ -59,6 +68,7 @@ class PrometheusSource:
         dialect: Dialect | None = None,
         timeout_s: float = 10.0,
         headers: Mapping[str, str] | None = None,
+        quote_errors: bool = False,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise InputError(f"Prometheus URL {url!r} must start with http:// or https://")
@@ -66,13 +76,18 @@ class PrometheusSource:
         self._url = url.rstrip("/")
         self._dialect = dialect
         self._timeout = timeout_s
+        self._quote = quote_errors
         # Retry only what a load balancer in front of Prometheus says is passing (502–504);
         # a 500 or 4xx is an answer, and the user should see it at once.
         retry = Retry(total=2, backoff_factor=0.2, status_forcelist=(502, 503, 504))
+        self._session = requests.Session()
+        self._session.verify = True
+        # prometheus-api-client mounts the retrying adapter on the URL's prefix only (so a
+        # redirect elsewhere would not inherit it) and holds the headers.
         self._client = PrometheusConnect(
             url=self._url,
             headers=dict(headers or {}),
-            disable_ssl=False,
+            session=self._session,
             timeout=max(1, round(timeout_s)),
             retry=retry,
         )
@@ -80,38 +95,31 @@ class PrometheusSource:
     # -- querying -----------------------------------------------------------------------
 
     def _query_sync(self, promql: str, at: float | None) -> Result:
-        params = {"time": f"{at:.3f}"} if at is not None else None
+        # The request is sent here rather than by the client's custom_query, which reports
+        # every non-200 answer as one text with the response body in it (so errors could
+        # only be told apart by searching that text) and follows redirects. A redirect is
+        # refused: the credentials were given for this URL, not for wherever it points.
+        params = {"query": promql}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
         try:
-            result = self._client.custom_query(promql, params=params)
-        except PrometheusApiClientException as exc:
-            text = str(exc)
-            if "bad_data" in text or "400" in text:
-                raise InputError(
-                    f"Prometheus rejected the query {promql!r}: {_short(text)}; check --selector"
-                ) from None
+            resp = self._session.get(
+                f"{self._url}/api/v1/query",
+                params=params,
+                headers=self._client.headers,
+                timeout=max(1, round(self._timeout)),
+                allow_redirects=False,
+            )
+        except RetryError:
             raise SourceUnavailableError(
-                f"Prometheus at {self._url} answered an error: {_short(text)}"
-            ) from None
-        except (
-            ValueError
-        ) as exc:  # a body that is not JSON (before RequestException: requests' JSON error is both)
-            raise SourceUnavailableError(
-                f"Prometheus at {self._url} answered something that is not its JSON API "
-                f"({_short(str(exc))})"
-            ) from None
-        except RetryError as exc:
-            raise SourceUnavailableError(
-                f"Prometheus at {self._url} kept answering errors: {_short(str(exc))}"
+                f"Prometheus at {self._url} kept answering HTTP 502-504 (a proxy in front of "
+                "it says it is not there)"
             ) from None
         except RequestException as exc:
             raise SourceUnavailableError(
-                f"cannot reach Prometheus at {self._url}: {_short(str(exc))}"
+                f"cannot reach Prometheus at {self._url}: {_reason(exc)}"
             ) from None
-        if not isinstance(result, list) or not all(isinstance(r, dict) for r in result):
-            raise SourceUnavailableError(
-                f"Prometheus at {self._url} answered an unexpected shape for an instant query"
-            )
-        return result
+        return answer(resp.status_code, resp.content, self._url, quote=self._quote)
 
     async def query(self, promql: str, at: float | None = None) -> Result:
         """Run one instant query in a worker thread, with the source's timeout."""
@@ -171,16 +179,17 @@ class PrometheusSource:
             raise NoDataError(
                 f"the selector {{{self._body}}} matches no {dialect.value} series at {self._url}"
             )
-        before, after, covered = _pages_from_ranges(rows, dialect, window_s, cat)
+        before, after, covered, resets = _pages_from_ranges(rows, dialect, window_s, cat)
         if not after:
             raise NoDataError(f"the selector {{{self._body}}} matches no pod at {self._url}")
-        return replace(observation_from_pages(before, after, window_s), covered=covered)
+        obs = observation_from_pages(before, after, window_s)
+        return replace(obs, covered=covered, resets=resets)
 
     async def is_online(self) -> bool:
         """Whether Prometheus answers a trivial query."""
         try:
             await self.query("vector(1)")
-        except (SourceUnavailableError, InputError):
+        except SourceUnavailableError:
             return False
         return True
 
@@ -211,10 +220,11 @@ _TARGET_LABELS = ("job", "instance", "pod", "namespace")
 
 def _pages_from_ranges(
     rows: Result, dialect: Dialect, window_s: float, cat: Catalogue
-) -> tuple[list[Snapshot], list[Snapshot], float | None]:
-    """Per-pod start and end snapshots equivalent to the window's raw samples, and the
-    share of the window the least-seen pod's counters span (``Observation.covered``; None
-    without a counter).
+) -> tuple[list[Snapshot], list[Snapshot], float | None, tuple[str, ...]]:
+    """Per-pod start and end snapshots equivalent to the window's raw samples, the share of
+    the window the least-seen pod's counters span (``Observation.covered``; None without a
+    counter), and the pods whose counters went back within it (a restart:
+    ``Observation.resets``).
 
     The start page holds each cumulative series' first sample; the end page holds it plus
     the reset-aware increase over the samples, stretched to the whole window (samples
@@ -231,6 +241,7 @@ def _pages_from_ranges(
     start: dict[str, dict[str, list[Sample]]] = {}
     end: dict[str, dict[str, list[Sample]]] = {}
     spans: dict[str, float] = {}
+    resets: set[str] = set()
     for row in rows:
         metric = dict(row.get("metric", {}))
         name = str(metric.pop("__name__", ""))
@@ -240,12 +251,25 @@ def _pages_from_ranges(
         pod = _pod_name({"metric": metric})
         labels = tuple(sorted((k, str(v)) for k, v in metric.items() if k not in _TARGET_LABELS))
         if name in cumulative:
+            bad = next((v for _, v in points if not math.isfinite(v)), None)
+            if bad is not None:
+                raise InputError(
+                    f"pod {pod}: counter {name} has the value {bad:g} in Prometheus; a counter "
+                    "counts events and is never NaN or infinite, so the engine's page is "
+                    "corrupt and the window cannot be read"
+                )
             first = points[0][1]
             span = points[-1][0] - points[0][0]
             spans[pod] = max(spans.get(pod, 0.0), span)
             stretch = min(window_s / span, 2.0) if span > 0 else 1.0
-            last = first + _increase([v for _, v in points]) * stretch
+            values = [v for _, v in points]
+            if any(b < a for a, b in itertools.pairwise(values)):
+                resets.add(pod)
+            last = first + _increase(values) * stretch
         else:
+            points = [(t, v) for t, v in points if not math.isnan(v)]
+            if not points:
+                continue
             first = last = math.fsum(v for _, v in points) / len(points)
         start.setdefault(pod, {}).setdefault(name, []).append(Sample(name, labels, first))
         end.setdefault(pod, {}).setdefault(name, []).append(Sample(name, labels, last))
@@ -257,18 +281,19 @@ def _pages_from_ranges(
         ]
 
     covered = min((min(span / window_s, 1.0) for span in spans.values()), default=None)
-    return snapshots(start), snapshots(end), covered
+    return snapshots(start), snapshots(end), covered, tuple(sorted(resets))
 
 
 def _points(row: Mapping[str, Any]) -> list[tuple[float, float]]:
-    """The (time, value) samples of one range-query series, NaNs dropped."""
+    """The (time, value) samples of one range-query series (NaNs kept: a gauge's mean
+    drops them, a counter refuses them)."""
     try:
         points = [(float(t), float(v)) for t, v in row["values"]]
     except (KeyError, TypeError, ValueError):
         raise SourceUnavailableError(
             "Prometheus answered a range series without numeric samples"
         ) from None
-    return [(t, v) for t, v in points if not math.isnan(v)]
+    return points
 
 
 def _increase(values: list[float]) -> float:
@@ -290,6 +315,90 @@ def _pod_name(row: Mapping[str, Any]) -> str:
     return str(labels.get("pod") or labels.get("instance") or "unknown")
 
 
-def _short(text: str) -> str:
+#: ``errorType`` values of the Prometheus HTTP API (``web/api/v1/api.go``); only these are
+#: ever repeated in a message, as they are a closed set and carry nothing of the body.
+ERROR_TYPES = frozenset(
+    {"timeout", "canceled", "execution", "bad_data", "internal", "unavailable", "not_found",
+     "not_acceptable"}
+)  # fmt: skip
+
+
+def answer(status: int, body: bytes, url: str, quote: bool = False) -> Result:
+    """The result rows of one ``/api/v1/query`` answer, or the error it is.
+
+    Errors are told apart by the HTTP status and the API's ``errorType``, never by words in
+    the body: 401/403 is :class:`~spectune.errors.UnauthorizedError`; 400 ``bad_data`` is
+    :class:`~spectune.errors.QueryRejectedError`; everything else that is not a success
+    (5xx, 429, ``timeout``, ``execution``, ``canceled``, ``internal``, ``unavailable``, a
+    redirect, a 404, a body that is not the API's JSON) is
+    :class:`~spectune.errors.SourceUnavailableError`. All three are temporary.
+
+    No message repeats the body, beyond a known ``errorType``: the URL may be any address
+    the operator can reach, and the message lands in a status that whoever may read the
+    SpecTuning reads. With ``quote`` (the CLI, whose user chose the URL and reads their own
+    terminal) the API's ``error`` text is added, on one line.
+
+    >>> answer(200, b'{"status":"success","data":{"resultType":"vector","result":[]}}', "u")
+    []
+    >>> try:
+    ...     answer(503, b'{"status":"error","errorType":"unavailable","error":"x"}', "http://p")
+    ... except SourceUnavailableError as exc:
+    ...     print(exc)
+    Prometheus at http://p answered an error (HTTP 503, unavailable)
+    """
+    payload = _json(body)
+    kind = payload.get("errorType") if isinstance(payload, dict) else None
+    kind = kind if isinstance(kind, str) and kind in ERROR_TYPES else None
+    said = ""
+    if quote and isinstance(payload, dict) and isinstance(payload.get("error"), str):
+        said = f": {_one_line(payload['error'])}"
+    what = f"HTTP {status}" + (f", {kind}" if kind else "")
+    if status == 200 and isinstance(payload, dict) and payload.get("status") == "success":
+        data = payload.get("data")
+        result = data.get("result") if isinstance(data, dict) else None
+        if isinstance(result, list) and all(isinstance(r, dict) for r in result):
+            return result
+        raise SourceUnavailableError(
+            f"Prometheus at {url} answered an unexpected shape for an instant query"
+        )
+    if status in (401, 403):
+        raise UnauthorizedError(
+            f"Prometheus at {url} refused the credentials ({what}); check the Secret of "
+            "spec.metrics.prometheus.authSecretRef (or the operator's access to Prometheus)"
+            f"{said}"
+        )
+    if status == 400 and kind == "bad_data":
+        raise QueryRejectedError(
+            f"Prometheus at {url} rejected a query spectune built ({what}); check that "
+            "the regular expressions of spec.metrics.prometheus.selector are valid RE2; if "
+            "they are, this Prometheus does not accept spectune's query (an incompatible "
+            f"version, or a bug to report){said}"
+        )
+    if 300 <= status < 400:
+        raise SourceUnavailableError(
+            f"Prometheus at {url} answered a redirect ({what}); give the final address of "
+            "Prometheus' HTTP API (credentials are never sent on to another URL)"
+        )
+    if 200 <= status < 300:
+        raise SourceUnavailableError(
+            f"Prometheus at {url} answered something that is not its JSON API ({what}); is "
+            "it the base URL of Prometheus' HTTP API?"
+        )
+    raise SourceUnavailableError(f"Prometheus at {url} answered an error ({what}){said}")
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _one_line(text: str) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
-    return line[:200]
+    return "".join(ch if ch.isprintable() else "?" for ch in line[:200])
+
+
+def _reason(exc: RequestException) -> str:
+    """Why a request failed, without the response (a connection error has none)."""
+    return type(exc).__name__ if not str(exc).strip() else _one_line(str(exc))

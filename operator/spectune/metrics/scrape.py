@@ -4,6 +4,12 @@ Used by ``spectune diagnose --scrape`` and by the operator when a SpecTuning nam
 ``metrics.scrape`` instead of Prometheus. One window is two scrapes of every pod, the
 window apart. A pod that fails is reported in the observation, not fatal, unless every
 pod fails.
+
+A page costs the operator memory and CPU in proportion to its size, and the page is
+whatever the pod's port answers, so it is read as a stream and refused once it passes
+``max_bytes`` (an engine's page is tens to hundreds of KiB; 8 MiB is a hundred times
+that). Parsing runs in a worker thread, off the event loop that serves every other
+SpecTuning.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from spectune.metrics.observation import Observation, observation_from_pages
 __all__ = ["PodScrapeSource"]
 
 Sleep = Callable[[float], Awaitable[None]]
+MAX_PAGE_BYTES = 8 * 1024 * 1024
+"""The default limit of one metrics page, in bytes (after decompression)."""
 
 
 class PodScrapeSource:
@@ -35,6 +43,8 @@ class PodScrapeSource:
         How to wait out the window; tests pass a fake clock's sleep.
     client
         An ``httpx.AsyncClient`` to reuse; one is made per call when omitted.
+    max_bytes
+        The largest page read, in bytes after decompression; a larger one is bad input.
     """
 
     def __init__(
@@ -43,6 +53,7 @@ class PodScrapeSource:
         timeout_s: float = 5.0,
         sleep: Sleep = asyncio.sleep,
         client: httpx.AsyncClient | None = None,
+        max_bytes: int = MAX_PAGE_BYTES,
     ) -> None:
         if not urls:
             raise InputError("no pod URLs to scrape; give at least one --scrape URL")
@@ -50,12 +61,28 @@ class PodScrapeSource:
         self._timeout = timeout_s
         self._sleep = sleep
         self._client = client
+        self._max = max_bytes
 
     async def _fetch(self, client: httpx.AsyncClient, url: str) -> Snapshot:
-        resp = await client.get(url, timeout=self._timeout)
-        if resp.status_code != 200:
-            raise SourceUnavailableError(f"{url} answered HTTP {resp.status_code}")
-        return parse_page(resp.text, pod=url)
+        async with client.stream("GET", url, timeout=self._timeout) as resp:
+            if resp.status_code != 200:
+                raise SourceUnavailableError(f"{url} answered HTTP {resp.status_code}")
+            too_big = InputError(
+                f"{url}: the metrics page is larger than {self._max} bytes "
+                "(SPECTUNE_SCRAPE_MAX_BYTES); not read. Is this the engine's /metrics port?"
+            )
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self._max:
+                raise too_big
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in resp.aiter_bytes():
+                size += len(chunk)
+                if size > self._max:
+                    raise too_big
+                chunks.append(chunk)
+            text = b"".join(chunks).decode(resp.encoding or "utf-8", errors="replace")
+        return await asyncio.to_thread(parse_page, text, url)
 
     async def scrape(self) -> tuple[list[Snapshot], dict[str, str]]:
         """Scrape every pod once; return the pages and the failures by URL."""

@@ -21,7 +21,12 @@ from kubernetes import client
 from spectune.api.spec import SecretKeyRef
 from spectune.k8s.actuator import ForbiddenError, KubeActuator, TargetMissingError
 from spectune.k8s.deployments import DrafterArgs
-from spectune.k8s.sources import AuthSecretError, prometheus_headers
+from spectune.k8s.sources import (
+    ANNOTATION_PROMETHEUS_URL,
+    LABEL_CREDENTIALS,
+    AuthSecretError,
+    prometheus_headers,
+)
 from spectune.search.arms import Arm
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.integration.operator.helpers import EAGLE, MODEL, TARGET, Env, spectuning
@@ -97,28 +102,56 @@ def test_a_missing_target_and_a_forbidden_read_are_named(cluster: Cluster, names
     assert "spectune-test-nobody" in message, message
 
 
-def test_prometheus_credentials_come_from_the_secret(cluster: Cluster, namespace: str) -> None:
-    """A bearer token under the named key, basic auth from a basic-auth Secret, and a missing
-    Secret named in the error."""
+def test_prometheus_credentials_come_from_a_secret_that_opted_in(
+    cluster: Cluster, namespace: str
+) -> None:
+    """A bearer token under the named key, basic auth from a basic-auth Secret, both
+    labelled spectune.io/prometheus-credentials=true; an unlabelled Secret is refused with
+    the message a missing one gets, and a Secret bound to a URL goes to no other."""
     core = client.CoreV1Api(cluster.api)
+    url = "http://prometheus.monitoring:9090"
+    opted = {LABEL_CREDENTIALS: "true"}
 
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
+    def headers(name: str, to: str = url) -> dict[str, str]:
+        return asyncio.run(prometheus_headers(cluster.api, namespace, SecretKeyRef(name=name), to))
+
     core.create_namespaced_secret(
-        namespace, {"metadata": {"name": "bearer"}, "data": {"token": b64("s3cret\n")}}
+        namespace,
+        {"metadata": {"name": "bearer", "labels": opted}, "data": {"token": b64("s3cret\n")}},
     )
     core.create_namespaced_secret(
         namespace,
         {
-            "metadata": {"name": "basic"},
+            "metadata": {"name": "basic", "labels": opted},
             "type": "kubernetes.io/basic-auth",
             "data": {"username": b64("u"), "password": b64("p")},
         },
     )
-    bearer = asyncio.run(prometheus_headers(cluster.api, namespace, SecretKeyRef(name="bearer")))
-    assert bearer == {"Authorization": "Bearer s3cret"}
-    basic = asyncio.run(prometheus_headers(cluster.api, namespace, SecretKeyRef(name="basic")))
-    assert basic == {"Authorization": "Basic " + b64("u:p")}
-    with pytest.raises(AuthSecretError, match=f"Secret {namespace}/absent not found"):
-        asyncio.run(prometheus_headers(cluster.api, namespace, SecretKeyRef(name="absent")))
+    core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "unlabelled"}, "data": {"token": b64("other-team")}}
+    )
+    core.create_namespaced_secret(
+        namespace,
+        {
+            "metadata": {
+                "name": "bound",
+                "labels": opted,
+                "annotations": {ANNOTATION_PROMETHEUS_URL: url},
+            },
+            "data": {"token": b64("bound-token")},
+        },
+    )
+    assert headers("bearer") == {"Authorization": "Bearer s3cret"}
+    assert headers("basic") == {"Authorization": "Basic " + b64("u:p")}
+    assert headers("bound") == {"Authorization": "Bearer bound-token"}
+    with pytest.raises(AuthSecretError, match=f"Secret {namespace}/absent not found") as absent:
+        headers("absent")
+    with pytest.raises(AuthSecretError) as unlabelled:
+        headers("unlabelled")
+    assert str(unlabelled.value) == str(absent.value).replace("absent", "unlabelled")
+    with pytest.raises(AuthSecretError, match=ANNOTATION_PROMETHEUS_URL) as bound:
+        headers("bound", "http://listener.example:8080")
+    assert "bound-token" not in str(bound.value)

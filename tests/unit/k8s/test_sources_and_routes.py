@@ -8,9 +8,20 @@ import httpx
 import pytest
 
 from spectune.api.spec import ScrapeMetrics, SecretKeyRef
-from spectune.errors import NoDataError
+from spectune.errors import NoDataError, SpecError
+from spectune.k8s import sources
 from spectune.k8s.routes import RouteWatch, decode_mix, encode_mix, mix_distance, mix_of
-from spectune.k8s.sources import AuthSecretError, PodsScrapeSource, auth_headers, pod_urls
+from spectune.k8s.sources import (
+    ANNOTATION_PROMETHEUS_URL,
+    LABEL_CREDENTIALS,
+    AuthSecretError,
+    PodsScrapeSource,
+    auth_headers,
+    check_url_allowed,
+    pod_urls,
+    prometheus_headers,
+    url_allowed,
+)
 
 
 def _b64(s: str) -> str:
@@ -31,12 +42,121 @@ def test_basic_auth_from_a_basic_auth_secret() -> None:
     assert base64.b64decode(header.removeprefix("Basic ")).decode() == "ops:pa:ss"
 
 
-def test_a_missing_key_names_the_field_and_the_keys_there_are() -> None:
+def test_a_missing_key_names_the_field_and_the_key_but_never_the_secrets_other_keys() -> None:
+    """The status is read by whoever may read the SpecTuning, who may not read the Secret:
+    naming the keys it has would tell them what it holds."""
+    secret = {"data": {"password": _b64("x"), "aws-secret-access-key": _b64("y")}}
     with pytest.raises(AuthSecretError) as err:
-        auth_headers({"data": {"password": _b64("x")}}, SecretKeyRef(name="prom-auth"))
+        auth_headers(secret, SecretKeyRef(name="prom-auth"))
     msg = str(err.value)
     assert "spec.metrics.prometheus.authSecretRef.key" in msg
-    assert "prom-auth" in msg and "'token'" in msg and "password" in msg
+    assert "prom-auth" in msg and "'token'" in msg
+    assert "password" not in msg and "aws-secret-access-key" not in msg
+
+
+# -- credentials confinement (issue O item 1) ------------------------------------------------------
+
+TOKEN = "s3cret-token-of-another-team"
+
+
+def _secret(
+    labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None
+) -> dict:  # type: ignore[type-arg]
+    meta: dict[str, object] = {"name": "db-creds", "namespace": "ns"}
+    if labels is not None:
+        meta["labels"] = labels
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"metadata": meta, "type": "Opaque", "data": {"token": _b64(TOKEN)}}
+
+
+@pytest.fixture
+def secret_store(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict]:  # type: ignore[type-arg]
+    """A fake of the Secret reads (no API server): name → Secret as the API returns it."""
+    from kubernetes.client.exceptions import ApiException
+
+    store: dict[str, dict] = {}  # type: ignore[type-arg]
+
+    def read_json(call: object, name: str, namespace: str) -> dict:  # type: ignore[type-arg]
+        if name not in store:
+            raise ApiException(status=404, reason="Not Found")
+        return store[name]
+
+    monkeypatch.setattr(sources, "read_json", read_json)
+    return store
+
+
+REF = SecretKeyRef(name="db-creds")
+URL = "http://prometheus.monitoring:9090"
+
+
+async def test_a_secret_that_did_not_opt_in_is_never_used(secret_store: dict) -> None:  # type: ignore[type-arg]
+    """A SpecTuning naming any Secret of its namespace no longer gets it sent as a bearer
+    token: without the label nothing of it is used, and the message is the one a missing
+    Secret gets (a SpecTuning cannot probe which Secrets exist)."""
+    secret_store["db-creds"] = _secret()
+    with pytest.raises(AuthSecretError) as unlabelled:
+        await prometheus_headers(None, "ns", REF, URL)  # type: ignore[arg-type]
+    secret_store["db-creds"] = _secret({LABEL_CREDENTIALS: "yes"})
+    with pytest.raises(AuthSecretError) as wrong_value:
+        await prometheus_headers(None, "ns", REF, URL)  # type: ignore[arg-type]
+    del secret_store["db-creds"]
+    with pytest.raises(AuthSecretError) as missing:
+        await prometheus_headers(None, "ns", REF, URL)  # type: ignore[arg-type]
+    assert str(unlabelled.value) == str(missing.value) == str(wrong_value.value)
+    msg = str(unlabelled.value)
+    assert LABEL_CREDENTIALS in msg and "spec.metrics.prometheus.authSecretRef" in msg
+    assert TOKEN not in msg
+
+
+async def test_a_secret_that_opted_in_gives_the_header(secret_store: dict) -> None:  # type: ignore[type-arg]
+    secret_store["db-creds"] = _secret({LABEL_CREDENTIALS: "true"})
+    headers = await prometheus_headers(None, "ns", REF, URL)  # type: ignore[arg-type]
+    assert headers == {"Authorization": f"Bearer {TOKEN}"}
+
+
+async def test_a_secret_bound_to_a_url_is_sent_to_no_other(secret_store: dict) -> None:  # type: ignore[type-arg]
+    """The Secret's own annotation names where it may go; a SpecTuning pointing the URL at
+    its author's listener gets an error, not the token."""
+    secret_store["db-creds"] = _secret(
+        {LABEL_CREDENTIALS: "true"}, {ANNOTATION_PROMETHEUS_URL: URL + "/"}
+    )
+    headers = await prometheus_headers(None, "ns", REF, "http://PROMETHEUS.monitoring:9090")  # type: ignore[arg-type]
+    assert headers["Authorization"] == f"Bearer {TOKEN}"
+    for elsewhere in ("http://attacker.example:9090", "http://prometheus.monitoring:9091",
+                      "https://prometheus.monitoring:9090", URL + "/other"):  # fmt: skip
+        with pytest.raises(AuthSecretError, match=r"spec\.metrics\.prometheus\.url") as err:
+            await prometheus_headers(None, "ns", REF, elsewhere)  # type: ignore[arg-type]
+        assert TOKEN not in str(err.value) and ANNOTATION_PROMETHEUS_URL in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://prom.monitoring:9090", True),
+        ("http://prom.monitoring:9090/", True),
+        ("http://PROM.monitoring:9090/prometheus", True),
+        ("http://prom.monitoring:9090.attacker.example", False),
+        ("http://prom.monitoring:9090@attacker.example", False),
+        ("http://prom.monitoring:9091", False),
+        ("https://prom.monitoring:9090", False),
+        ("http://prom.monitoringx:9090", False),
+        ("http://thanos.monitoring/query/api", True),
+        ("http://thanos.monitoring/query-evil", False),
+        ("http://thanos.monitoring:80/query", True),
+    ],
+)
+def test_the_url_allowlist_matches_origins_and_paths_at_a_slash(url: str, allowed: bool) -> None:
+    allowlist = ["http://prom.monitoring:9090", "http://thanos.monitoring/query"]
+    assert url_allowed(url, allowlist) is allowed
+
+
+def test_a_url_off_the_allowlist_is_a_spec_error_naming_the_field_and_the_setting() -> None:
+    with pytest.raises(SpecError) as err:
+        check_url_allowed("http://attacker.example:9090", ["http://prom.monitoring:9090"])
+    msg = str(err.value)
+    assert "spec.metrics.prometheus.url" in msg and "SPECTUNE_PROMETHEUS_URL_ALLOWLIST" in msg
+    check_url_allowed("http://anything.example", [])  # no list: every URL
 
 
 def _pod(name: str, ip: str | None, ready: bool = True, phase: str = "Running") -> dict:  # type: ignore[type-arg]

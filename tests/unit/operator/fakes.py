@@ -90,6 +90,12 @@ class FakeWorld:
     canary_stops: int = 0
     rolling: bool = False
     """Whether the target's rollout is in progress (the fake rolls out at once otherwise)."""
+    error: Exception | None = None
+    """What every window of Prometheus raises instead of answering (before ``failing``)."""
+    canary_error: Exception | None = None
+    """What the canary's windows raise (``error`` when None)."""
+    prom_headers: list[dict[str, str]] = field(default_factory=list)
+    """The HTTP headers each Prometheus source was built with."""
 
     def patch_target(self, patch: Mapping[str, Any]) -> None:
         assert self.target is not None
@@ -187,11 +193,18 @@ class FakeProm:
 
     world: ClassVar[FakeWorld]
 
-    def __init__(self, url: str, selector: str, **_: Any) -> None:
+    def __init__(
+        self, url: str, selector: str, headers: Mapping[str, str] | None = None, **_: Any
+    ) -> None:
         self.url = url
         self.canary = "-spt-" in selector  # canary Deployments are named <target>-spt-<arm>
+        self.world.prom_headers.append(dict(headers or {}))
 
     async def observe(self, window_s: float, at: float | None = None) -> Observation:
+        if self.canary and self.world.canary_error is not None:
+            raise self.world.canary_error
+        if self.world.error is not None:
+            raise self.world.error
         if self.world.failing or self.world.observation is None:
             raise SourceUnavailableError(f"cannot reach Prometheus at {self.url}: refused")
         if self.canary and self.world.canary_observation is not None:

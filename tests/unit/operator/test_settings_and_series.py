@@ -29,6 +29,18 @@ def test_settings_defaults_and_environment() -> None:
     assert s.scaled(300) == pytest.approx(10)
 
 
+def test_the_url_allowlist_and_the_page_limit_from_the_environment() -> None:
+    s = Settings.from_env(
+        {
+            "SPECTUNE_PROMETHEUS_URL_ALLOWLIST": "http://prom.monitoring:9090, https://thanos/q,",
+            "SPECTUNE_SCRAPE_MAX_BYTES": "1048576",
+        }
+    )
+    assert s.prometheus_url_allowlist == ("http://prom.monitoring:9090", "https://thanos/q")
+    assert s.scrape_max_bytes == 1048576
+    assert Settings().prometheus_url_allowlist == () and Settings().scrape_max_bytes == 8 << 20
+
+
 @pytest.mark.parametrize(
     ("env", "names"),
     [
@@ -37,6 +49,12 @@ def test_settings_defaults_and_environment() -> None:
         ({"SPECTUNE_POLL_SECONDS": "0"}, "SPECTUNE_POLL_SECONDS"),
         ({"SPECTUNE_TIME_SCALE": "-1"}, "SPECTUNE_TIME_SCALE"),
         ({"SPECTUNE_PROMETHEUS_URL": "prom:9090"}, "SPECTUNE_PROMETHEUS_URL"),
+        (
+            {"SPECTUNE_PROMETHEUS_URL_ALLOWLIST": "http://a:9090, prom:9090"},
+            "SPECTUNE_PROMETHEUS_URL_ALLOWLIST",
+        ),
+        ({"SPECTUNE_SCRAPE_MAX_BYTES": "12"}, "SPECTUNE_SCRAPE_MAX_BYTES"),
+        ({"SPECTUNE_SCRAPE_MAX_BYTES": "8MiB"}, "SPECTUNE_SCRAPE_MAX_BYTES"),
     ],
 )
 def test_a_bad_setting_names_its_variable(env: dict[str, str], names: str) -> None:
