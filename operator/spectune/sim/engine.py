@@ -33,7 +33,7 @@ from scipy.special import betaincinv
 
 from spectune.search.arms import Arm
 from spectune.sim.physics import ArmPhysics
-from spectune.sim.scenario import Scenario, dist_upper
+from spectune.sim.scenario import Scenario, SecondPopulation, dist_upper
 from spectune.sim.stats import EngineStats
 from spectune.sim.traffic import Request
 
@@ -74,14 +74,18 @@ class Engine:
         self._max_tokens = [dist_upper(r.output_tokens) for r in scenario.routes]
         # acceptance per route for this arm's drafter: (alpha, decay^(i(i-1)/2), spread)
         self._accept: list[tuple[float, NDArray[np.float64], float] | None] = []
+        self._second: list[SecondPopulation | None] = []
         positions = np.arange(1, max(arm.k, 1) + 1, dtype=float)
         for route in scenario.routes:
             acc = route.acceptance.get(arm.drafter) if arm.drafter is not None else None
             if acc is None:
                 self._accept.append(None)
+                self._second.append(None)
             else:
                 decay = acc.decay ** (positions * (positions - 1) / 2.0)
                 self._accept.append((acc.alpha, decay, acc.spread))
+                self._second.append(acc.second)
+        self._graph_max = scenario.hardware.cuda_graph_max_batch
         self._positions = positions
         # per route: decay^(i(i-1)/2), or zeros where the drafter never accepts
         self._decay_rows = [
@@ -99,7 +103,7 @@ class Engine:
         self.etok: NDArray[np.float64] = np.zeros(0, dtype=float)  # E[tokens per pass] at K
         self.ctx_sum = 0  # Σ ctx of the decode set, as a Python int
         self.pass_clock = 0  # verification passes with drafts so far (per decode sequence)
-        self._affine: dict[tuple[int, int], tuple[float, float]] = {}
+        self._affine: dict[tuple[int, int, bool], tuple[float, float]] = {}
         self.finished: list[Request] = []
 
     # --- the outside: queue, state ----------------------------------------------------
@@ -114,13 +118,22 @@ class Engine:
             req.alpha = 0.0
         else:
             alpha, _, spread = spec
+            u = req.u_alpha
+            second = self._second[req.route]
+            if second is not None:
+                # one uniform picks the population and the quantile within it, so every arm
+                # still sees the same requests accept alike (common random numbers)
+                if u < second.share:
+                    alpha, spread, u = second.alpha, second.spread, u / second.share
+                else:
+                    u = (u - second.share) / (1.0 - second.share)
             mean = min(alpha * scale.get(self.arm.drafter, 1.0), 1.0)
             if mean <= 0.0:
                 req.alpha = 0.0
             elif mean >= 1.0:
                 req.alpha = 1.0
             else:
-                req.alpha = float(betaincinv(mean * spread, (1.0 - mean) * spread, req.u_alpha))
+                req.alpha = float(betaincinv(mean * spread, (1.0 - mean) * spread, u))
         if self.now < req.arrival and self.idle:
             self.now = req.arrival
         self.waiting.append(req)
@@ -314,19 +327,29 @@ class Engine:
 
     # --- stepping ---------------------------------------------------------------------
 
-    def _coefficients(self, b: int, k: int) -> tuple[float, float]:
-        """Step time of a pure decode step as ``a + c·C`` (C: total context of the batch)."""
-        key = (b, k)
+    def _padded(self, n: int, graphs: bool) -> int:
+        """Tokens a forward over ``n`` costs: its CUDA graph's captured size, when one runs."""
+        if not graphs or not 0 < n <= self._graph_max:
+            return n
+        if n <= 4:
+            return 1 << (n - 1).bit_length()
+        return -(-n // 8) * 8
+
+    def _coefficients(self, b: int, k: int, graphs: bool = True) -> tuple[float, float]:
+        """Step time of a decode step as ``a + c·C`` (C: total context of the batch);
+        ``graphs``: a pure decode step, which a captured CUDA graph runs when one is set."""
+        key = (b, k, graphs)
         hit = self._affine.get(key)
         if hit is not None:
             return hit
         phys = self.physics
         tgt, draft = phys.target, phys.draft
-        a = tgt.overhead_s + max(tgt.weights_s, tgt.per_token_s * (b * (k + 1)))
+        n_t, n_d = self._padded(b * (k + 1), graphs), self._padded(b, graphs)
+        a = tgt.overhead_s + max(tgt.weights_s, tgt.per_token_s * n_t)
         c = tgt.per_context_s
         if k > 0:
             if draft is not None:
-                a += k * (draft.overhead_s + max(draft.weights_s, draft.per_token_s * b))
+                a += k * (draft.overhead_s + max(draft.weights_s, draft.per_token_s * n_d))
                 c += k * draft.per_context_s
             a += phys.draft_cpu_s
         self._affine[key] = (a, c)
@@ -346,7 +369,7 @@ class Engine:
             stats.iteration_tokens.observe(float(pf_tokens + pf_done))
             stats.generation_tokens += pf_done
             return
-        a, c = self._coefficients(b, k)
+        a, c = self._coefficients(b, k, graphs=pf_tokens == 0)
         a += max(tgt.weights_s, tgt.per_token_s * (b * (k + 1) + pf_tokens)) - max(
             tgt.weights_s, tgt.per_token_s * (b * (k + 1))
         )

@@ -30,7 +30,7 @@ from spectune.errors import SourceUnavailableError, SpecError
 from spectune.search.arms import Arm
 from spectune.sim.engine import Engine
 from spectune.sim.exposition import render_page
-from spectune.sim.physics import ArmPhysics, arm_physics
+from spectune.sim.physics import ArmPhysics, arm_physics, slowed
 from spectune.sim.scenario import (
     LoadEvent,
     ModelVersionEvent,
@@ -240,9 +240,17 @@ class Fleet:
         root = np.random.SeedSequence([self.seed, stream])
         traffic_seed, *replica_seeds = root.spawn(1 + n)
         self._traffic = Traffic(scenario, traffic_seed, load_scale=load_scale)
-        self._physics: dict[Arm, ArmPhysics] = {}
+        self._physics: dict[tuple[Arm, float], ArmPhysics] = {}
+        # Each replica slot's speed (hardware.speed_spread): drawn once per slot from a
+        # stream of its own, so a pod is as fast under every arm and every seed of traffic.
+        spread = scenario.hardware.speed_spread
+        self._speed = (
+            np.random.default_rng([self.seed, stream, 7]).uniform(1 - spread, 1 + spread, n)
+            if spread > 0
+            else np.ones(n)
+        )
         self._replicas = [
-            _Replica(i, arm, self._physics_of(arm), np.random.default_rng(s))
+            _Replica(i, arm, self._physics_of(arm, i), np.random.default_rng(s))
             for i, (arm, s) in enumerate(zip(arm_list, replica_seeds, strict=True))
         ]
         self._now = 0.0
@@ -309,7 +317,7 @@ class Fleet:
         for i in chosen:
             r = self._replicas[i]
             r.arm = arm
-            r.physics = physics
+            r.physics = self._physics_of(arm, i)
             r.failure = None
             r.park_after = False
             if r.phase is Phase.PARKED:
@@ -424,11 +432,14 @@ class Fleet:
 
     # --- internals ------------------------------------------------------------------
 
-    def _physics_of(self, arm: Arm) -> ArmPhysics:
-        phys = self._physics.get(arm)
+    def _physics_of(self, arm: Arm, index: int | None = None) -> ArmPhysics:
+        speed = 1.0 if index is None else float(self._speed[index])
+        phys = self._physics.get((arm, speed))
         if phys is None:
             phys = arm_physics(self.scenario, arm)
-            self._physics[arm] = phys
+            if speed != 1.0:
+                phys = slowed(phys, speed)
+            self._physics[(arm, speed)] = phys
         return phys
 
     def _run_engines(self, t: float) -> None:

@@ -17,12 +17,12 @@ The engine (:mod:`spectune.sim.engine`) calls these per step; the fleet calls
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spectune.search.arms import Arm
 from spectune.sim.scenario import Scenario
 
-__all__ = ["GIB", "ArmPhysics", "Forward", "arm_physics"]
+__all__ = ["GIB", "ArmPhysics", "Forward", "arm_physics", "slowed"]
 
 GIB = float(2**30)
 
@@ -128,4 +128,23 @@ def arm_physics(scenario: Scenario, arm: Arm) -> ArmPhysics:
         block_size=tg.block_size,
         max_model_len=max_len,
         failure=failure,
+    )
+
+
+def slowed(phys: ArmPhysics, factor: float) -> ArmPhysics:
+    """``phys`` on a replica whose forwards take ``factor`` times as long (a slower GPU of
+    the same model: every term of the forward's cost scales with its clocks alike)."""
+
+    def scale(f: Forward) -> Forward:
+        return Forward(
+            f.overhead_s * factor,
+            f.weights_s * factor,
+            f.per_token_s * factor,
+            f.per_context_s * factor,
+        )
+
+    return replace(
+        phys,
+        target=scale(phys.target),
+        draft=None if phys.draft is None else scale(phys.draft),
     )

@@ -176,6 +176,21 @@ class EventPrior(_Model):
     route_mix: Annotated[float, Field(ge=0, le=1)] = 0.0
 
 
+class RealismPrior(_Model):
+    """How often the simulator's realism knobs are on (each off by default: new physics)."""
+
+    speed_spread: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Share of worlds whose pods differ in speed; their spread is drawn from ``spread``."""
+    spread: Span = Span(low=0.02, high=0.05)
+    cuda_graphs: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Share of worlds whose decode steps run padded CUDA graphs (captured up to 512)."""
+    two_population: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Share of acceptance entries with a second, low-acceptance population of requests."""
+    second_share: Span = Span(low=0.1, high=0.4)
+    second_scale: Span = Span(low=0.1, high=0.5)
+    """The second population's alpha as a share of the first's."""
+
+
 class Family(_Model):
     """The priors of one family of worlds (see ``benchmarks/families/realistic.yaml``)."""
 
@@ -203,6 +218,7 @@ class Family(_Model):
     """``off``, ``past_peak`` (a drafter at its largest k) or ``middle`` (about half of it)."""
     max_requests: Annotated[int, Field(ge=1)] = 60000
     """Most requests a world may offer over its run (the simulator's cost grows with them)."""
+    realism: RealismPrior = Field(default_factory=RealismPrior)
 
     @model_validator(mode="after")
     def _cross(self) -> Family:
@@ -420,6 +436,7 @@ def _draw(family: Family, name: str, rng: Rng) -> tuple[dict[str, Any], dict[str
         )
     if offered < 50:
         raise _Reject(f"too idle to measure: {offered:.0f} requests offered over the run")
+    knobs = _realism(family.realism, scenario, rng)
     try:
         scenario_from_mapping(scenario)
     except SpecError as exc:  # pragma: no cover - the probe above validated the same shape
@@ -439,7 +456,36 @@ def _draw(family: Family, name: str, rng: Rng) -> tuple[dict[str, Any], dict[str
         "events": "+".join(sorted({str(e["kind"]) for e in events if e["kind"] != "load"}))
         or "none",
     }
+    if knobs:
+        regime["realism"] = "+".join(knobs)
     return scenario, regime
+
+
+def _realism(prior: RealismPrior, scenario: dict[str, Any], rng: Rng) -> list[str]:
+    """Turn on the realism knobs this world draws; the names of those on.
+
+    Drawn after everything else, so a family whose knobs are all off draws the same worlds
+    as before the knobs existed (no draw is spent on a knob whose share is 0).
+    """
+    on: list[str] = []
+    if prior.speed_spread > 0 and rng.uniform() < prior.speed_spread:
+        scenario["hardware"]["speed_spread"] = round(prior.spread.draw(rng), 3)
+        on.append("speed_spread")
+    if prior.cuda_graphs > 0 and rng.uniform() < prior.cuda_graphs:
+        scenario["hardware"]["cuda_graph_max_batch"] = 512
+        on.append("cuda_graphs")
+    if prior.two_population > 0:
+        for route in scenario["routes"]:
+            for acc in route["acceptance"].values():
+                if rng.uniform() < prior.two_population:
+                    acc["second"] = {
+                        "share": round(prior.second_share.draw(rng), 3),
+                        "alpha": round(acc["alpha"] * prior.second_scale.draw(rng), 3),
+                        "spread": acc["spread"],
+                    }
+                    if "two_population" not in on:
+                        on.append("two_population")
+    return on
 
 
 def _pick(options: Sequence[HardwareClass | TargetClass], rng: Rng) -> int:

@@ -39,6 +39,7 @@ __all__ = [
     "Route",
     "RouteMixEvent",
     "Scenario",
+    "SecondPopulation",
     "Target",
     "TokenDist",
     "UniformTokens",
@@ -71,6 +72,15 @@ class Hardware(_Model):
     step_overhead_ms: NonNeg = 4.0
     draft_step_overhead_ms: NonNeg = 1.0
     activation_reserve_gib: NonNeg = 0.0
+    speed_spread: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
+    """Per-pod speed spread (realism knob, default off): each replica's forwards take
+    ``m`` times as long, ``m`` uniform in ``[1 − s, 1 + s]`` and fixed per replica slot
+    (GPUs of one model differ by a few per cent in clocks and thermals)."""
+    cuda_graph_max_batch: Annotated[int, Field(ge=0)] = 0
+    """CUDA-graph step staircase (realism knob, 0 = off): a decode step over ``n`` tokens,
+    ``n`` up to this size, costs as many tokens as the smallest captured size at or above
+    ``n`` (vLLM captures 1, 2, 4 and then every multiple of 8); steps with prefill and
+    larger ones run eagerly, unpadded."""
 
 
 class Target(_Model):
@@ -142,12 +152,24 @@ def dist_upper(d: TokenDist) -> int:
     return natural if d.max is None else min(natural, d.max)
 
 
+class SecondPopulation(_Model):
+    """A second population of requests on a route, with its own acceptance Beta."""
+
+    share: Annotated[float, Field(gt=0, lt=1)]
+    alpha: Annotated[float, Field(ge=0, le=1)]
+    spread: Pos = 8.0
+
+
 class Acceptance(_Model):
     """Per-route, per-drafter acceptance: ``q_i = α_req · decay^(i−1)``, α_req ~ Beta."""
 
     alpha: Annotated[float, Field(ge=0, le=1)]
     decay: Annotated[float, Field(gt=0, le=1)] = 1.0
     spread: Pos = 8.0
+    second: SecondPopulation | None = None
+    """Two-population acceptance (realism knob, default off): a ``share`` of the route's
+    requests draws α from ``Beta(alpha, spread)`` of its own (requests that copy their
+    prompt and requests that do not are two modes, not one wide Beta)."""
 
 
 class Route(_Model):
