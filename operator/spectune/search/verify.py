@@ -149,11 +149,11 @@ def regression(
     if metric.minimise and not hidden:
         highs = [r.objective_high for r in ref if not math.isnan(r.objective_high)]
         if highs and not math.isnan(s.objective_low) and s.objective_low > max(highs):
-            values = ", ".join(f"{r.objective:.3f}s" for r in ref)
+            shown = ", ".join(f"{r.objective:.3f}s" for r in ref)
             return Regression(
                 True,
                 f"{metric.value} {s.objective:.3f}s (at least {s.objective_low:.3f}s) vs "
-                f"{values} before, at most {max(highs):.3f}s: worse with confidence",
+                f"{shown} before, at most {max(highs):.3f}s: worse with confidence",
                 rate,
             )
     g = objective.guardrails
