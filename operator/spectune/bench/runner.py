@@ -30,6 +30,9 @@ Definitions (phases, objective values, efficiency ratios and guardrail breaches 
 * ``recoveries`` (beside the contract's object, in the bench's tables): for each
   ``model_version`` event, the seconds until the target stays within 0.95 of the new
   phase's oracle (``bench/scoring.py``).
+* ``worse_than_initial_s`` and ``rollbacks`` (beside the contract's object, in the bench's
+  tables): seconds served worse than the initial arm after the first promotion, and the
+  controller's rollbacks of promoted arms (``bench/scoring.py``).
 * ``sim_seconds``: the scenario's ``duration_s``; ``wall_seconds``: the whole command,
   oracle included.
 
@@ -61,6 +64,7 @@ from spectune.bench.scoring import (
     metric_value,
     phase_spans,
     recovery_seconds,
+    worse_seconds,
 )
 from spectune.control.controller import Controller, ControllerConfig, Event
 from spectune.control.controller import Phase as LoopPhase
@@ -112,6 +116,11 @@ class BenchResult:
     recoveries: tuple[tuple[float, float | None], ...] = ()
     """``(event time, recovery seconds or None)`` for each ``model_version`` event
     (``bench/scoring.py``); not a field of the contract's object."""
+    worse_than_initial_s: float = 0.0
+    """Seconds served worse than the initial arm after the first promotion
+    (``bench/scoring.py``); not a field of the contract's object."""
+    rollbacks: int = 0
+    """Promoted arms the controller rolled back; not a field of the contract's object."""
     events: tuple[Event, ...] = field(default=(), repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -365,6 +374,16 @@ def run_bench(
         window_s,
         guardrail_limits(scenario),
     )
+    promotions = stage.timeline[1:]
+    worse = worse_seconds(
+        stage.served,
+        promotions[0][0] if promotions else None,
+        lambda arm: oracle.run(arm).requests,
+        scenario.initial_arm.name,
+        metric,
+        phases,
+        window_s,
+    )
     return BenchResult(
         scenario=scenario.name,
         policy=policy,
@@ -382,5 +401,7 @@ def run_bench(
         best_static_value=best_value,
         promotions=tuple(stage.timeline[1:]),
         recoveries=recoveries,
+        worse_than_initial_s=worse,
+        rollbacks=sum(1 for e in events if e.reason == "RolledBack"),
         events=tuple(events),
     )
