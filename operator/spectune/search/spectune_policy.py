@@ -52,9 +52,10 @@ Guardrails close a trial within its first window when the canary's TTFT p95 or q
 p95 is worse than the incumbent's beyond the tolerance with confidence (the canary's lower
 bound above the incumbent's upper bound); the arm is never proposed again this epoch. In a
 trial's first window a balancer's catch-up burst large enough to be the canary's tail is
-set aside: the canary is judged on its p90s there (:func:`catch_up_burst`), or not at all
-when the burst fills the p90's tail too (:data:`UNJUDGED_SHARE`). An
-arm that cannot start excludes its drafter (its memory, not its ``k``, is the problem).
+set aside: the canary is judged on the quantile that is its p95 without the burst
+(:func:`burst_excluded_quantile`), and a trial none of whose windows could be judged so
+never ends measured (nor promoted). An arm that cannot start excludes its drafter (its
+memory, not its ``k``, is the problem).
 
 References
 ----------
@@ -88,9 +89,12 @@ from spectune.search.schedule import epoch_batch, learned_schedule
 
 __all__ = [
     "SpectunePolicy",
+    "burst_excluded_quantile",
     "burst_share",
     "catch_up_burst",
     "guardrail_breach",
+    "guardrail_judgement",
+    "judged_windows",
     "posterior_draws",
 ]
 
@@ -115,10 +119,13 @@ SAMPLES = 4000
 #: Share of a canary's first-window requests from the balancer's catch-up burst at which
 #: the burst fills half of the 5 % tail a p95 reads (:func:`catch_up_burst`).
 CATCH_UP_SHARE = 0.025
-#: ...and at which it fills half of the 10 % tail a p90 reads as well: no quantile the
-#: window reports can set the burst aside, so its guardrails are not judged (the next
-#: window's are).
-UNJUDGED_SHARE = 2 * CATCH_UP_SHARE
+#: Quantiles a guardrail reads in a first window whose catch-up burst is set aside
+#: (:func:`burst_excluded_quantile`), highest first; the window's figures carry each one's
+#: lower bound.
+BURST_QUANTILES = (0.95, 0.90, 0.80, 0.70, 0.50)
+#: Fewest canary requests left once a burst is set aside for the window to be judged on them
+#: (the order-statistic interval of a quantile of fewer is wider than any tolerance).
+MIN_JUDGED_REQUESTS = 20
 #: Seconds added to a tolerance so that a p95 near zero (no queueing) cannot "regress" on
 #: noise: the resolution of vLLM's smallest latency buckets.
 ABSOLUTE_SLACK_S = 0.01
@@ -157,59 +164,110 @@ def _evidence(t: TrialRecord) -> tuple[float, float]:
     )
 
 
+def burst_excluded_quantile(can: WindowStats, inc: WindowStats) -> float | None:
+    """The quantile of a canary's first window that is its p95 without the catch-up burst,
+    read as the highest of :data:`BURST_QUANTILES` at or below it; None when too few
+    requests are left to judge (:data:`MIN_JUDGED_REQUESTS`).
+
+    The burst is the canary's first requests up to its share of outstanding requests
+    (:func:`burst_share`: about the incumbent's running batch per canary pod). They are
+    taken to be its slowest: then the p95 of the other ``n − B`` requests is the quantile
+    ``0.95 · (1 − B/n)`` of all ``n``, and a lower quantile reads lower still, so the
+    canary is given the benefit of every doubt the burst raises and is still judged. Below
+    :data:`CATCH_UP_SHARE` nothing is set aside (the p95 as it is).
+    """
+    share = burst_share(can, inc)
+    if share < CATCH_UP_SHARE:
+        return 0.95
+    if can.requests * (1 - share) < MIN_JUDGED_REQUESTS:
+        return None
+    q = 0.95 * (1 - share)
+    return next((r for r in BURST_QUANTILES if r <= q + 1e-12), None)
+
+
+def _low(s: WindowStats, label: str, q: float) -> float:
+    """The lower 95 % bound of ``s``'s TTFT or queue-time quantile ``q`` (NaN if unknown)."""
+    name = "ttft" if label == "TTFT" else "queue"
+    return float(getattr(s, f"{name}_p{round(q * 100)}_low"))
+
+
 def _unjudged(t: TrialRecord) -> str:
-    """What a trial's record says when its first window was not judged on guardrails
-    (:data:`UNJUDGED_SHARE`); empty otherwise."""
+    """What a trial's record says when its first window had a catch-up burst set aside, or
+    could not be judged on guardrails at all (:func:`burst_excluded_quantile`); empty
+    otherwise."""
     first = t.windows[0] if t.windows else None
     if first is None or first.canary is None or first.incumbent is None:
         return ""
     share = burst_share(first.canary, first.incumbent)
-    if share < UNJUDGED_SHARE:
+    q = burst_excluded_quantile(first.canary, first.incumbent)
+    if q == 0.95:
         return ""
+    if q is None:
+        return (
+            f"guardrails not judged in the first window: the balancer's catch-up burst was "
+            f"about {share:.0%} of its requests, too few were left"
+        )
     return (
-        f"guardrails not judged in the first window: the balancer's catch-up burst was "
-        f"about {share:.0%} of its requests"
+        f"guardrails judged on the p{round(q * 100)} in the first window: the balancer's "
+        f"catch-up burst, about {share:.0%} of its requests, set aside"
     )
 
 
-def guardrail_breach(
+def guardrail_judgement(
     can: WindowStats, inc: WindowStats, g: Guardrails, first: bool = False
-) -> str | None:
-    """Why the canary breaks a guardrail against the incumbent in this window, or None.
+) -> tuple[bool, str | None]:
+    """Whether the window could be judged on guardrails, and why the canary breaks one
+    against the incumbent (None: it does not).
 
-    ``first``: the trial's first window. When it holds a catch-up burst
-    (:func:`catch_up_burst`), the canary is judged on its p90s against the incumbent's
-    p95s: the burst, at most the top few percent of its requests, is set aside. A burst of
-    :data:`UNJUDGED_SHARE` or more fills the p90's tail too (a saturated service runs
-    hundreds of requests per pod: load-ramp at 10 requests/s sent a new pod 238 at once,
-    a quarter of its window), and that window is not judged: its p90 says how the burst
-    went, and aborting on it would exclude ``off`` where ``off`` is the answer.
+    ``first``: the trial's first window. A catch-up burst there (:func:`catch_up_burst`)
+    is set aside, never left unjudged: the canary is judged on the quantile that is its p95
+    without the burst (:func:`burst_excluded_quantile`) against the incumbent's p95. A
+    saturated service runs hundreds of requests per pod (load-ramp at 10 requests/s sent a
+    new pod 238 at once, a quarter of its window); without its burst, that window still
+    says how the arm serves the rest. Only a window the burst nearly fills is not judged.
     """
-    if first and burst_share(can, inc) >= UNJUDGED_SHARE:
-        return None
-    burst = first and catch_up_burst(can, inc)
+    q = burst_excluded_quantile(can, inc) if first else 0.95
+    if q is None:
+        return False, None
     checks = (
-        ("TTFT", g.max_ttft_p95_regression, can.ttft_p90_low if burst else can.ttft_p95_low,
-         inc.ttft_p95_high, can.ttft_p95, inc.ttft_p95),
-        ("queue", g.max_queue_p95_regression, can.queue_p90_low if burst else can.queue_p95_low,
-         inc.queue_p95_high, can.queue_p95, inc.queue_p95),
-    )  # fmt: skip
-    for label, tol, can_low, inc_high, can_v, inc_v in checks:
+        ("TTFT", g.max_ttft_p95_regression, inc.ttft_p95_high, can.ttft_p95, inc.ttft_p95),
+        ("queue", g.max_queue_p95_regression, inc.queue_p95_high, can.queue_p95, inc.queue_p95),
+    )
+    for label, tol, inc_high, can_v, inc_v in checks:
+        can_low = _low(can, label, q)
         if tol is None or math.isnan(can_low) or math.isnan(inc_high):
             continue
         line = inc_high * (1 + tol) + ABSOLUTE_SLACK_S
         if can_low <= line:
             continue
-        if burst:
-            return (
-                f"{label} p90 at least {can_low:.3f}s with the balancer's catch-up burst of "
-                f"the first window set aside (p95 {can_v:.3f}s) vs incumbent p95 "
-                f"{inc_v:.3f}s: beyond +{tol:.0%} with confidence"
+        if q < 0.95:
+            return True, (
+                f"{label} p{round(q * 100)} at least {can_low:.3f}s with the balancer's "
+                f"catch-up burst of the first window set aside (p95 {can_v:.3f}s) vs "
+                f"incumbent p95 {inc_v:.3f}s: beyond +{tol:.0%} with confidence"
             )
-        return (
+        return True, (
             f"{label} p95 {can_v:.3f}s vs incumbent {inc_v:.3f}s: beyond +{tol:.0%} with confidence"
         )
-    return None
+    return True, None
+
+
+def guardrail_breach(
+    can: WindowStats, inc: WindowStats, g: Guardrails, first: bool = False
+) -> str | None:
+    """Why the canary breaks a guardrail against the incumbent in this window, or None
+    (:func:`guardrail_judgement`)."""
+    return guardrail_judgement(can, inc, g, first)[1]
+
+
+def judged_windows(t: TrialRecord, g: Guardrails) -> int:
+    """How many of a trial's windows were judged on guardrails (both sides measured, and
+    not a first window its catch-up burst nearly fills)."""
+    n = 0
+    for i, w in enumerate(t.windows):
+        if w.canary is not None and w.incumbent is not None:
+            n += guardrail_judgement(w.canary, w.incumbent, g, i == 0)[0]
+    return n
 
 
 class SpectunePolicy:
@@ -229,10 +287,13 @@ class SpectunePolicy:
                 seen = f"{requests:.0f} canary requests"
                 if not math.isnan(drafted):
                     seen += f" and {drafted:.0f} drafted tokens (minDrafts {ctx.min_drafts})"
+                why = f"too little evidence so far ({seen})"
+                if judged_windows(running, ctx.objective.guardrails) == 0:
+                    why = _unjudged(running) or "no window judged on guardrails yet"
                 return Decision(
                     DecisionKind.TRIAL,
                     parse_arm(running.arm),
-                    f"{running.arm}: too little evidence so far ({seen}); measuring another window",
+                    f"{running.arm}: {why}; measuring another window",
                 )
             end, why = verdict
             if end is Outcome.ABORTED:
@@ -256,8 +317,16 @@ class SpectunePolicy:
         short = requests < ctx.min_requests or (
             parse_arm(t.arm).drafter is not None and drafted < ctx.min_drafts
         )
-        if short and len(t.windows) < MAX_WINDOWS_PER_TRIAL:
+        # A trial never ends measured, and so never in a promotion, without a window
+        # judged on its guardrails.
+        unjudged = judged_windows(t, ctx.objective.guardrails) == 0
+        if (short or unjudged) and len(t.windows) < MAX_WINDOWS_PER_TRIAL:
             return None
+        if unjudged:
+            return Outcome.ABORTED, (
+                f"no window of its {len(t.windows)} could be judged on guardrails (the "
+                "balancer's catch-up burst filled them)"
+            )
         return Outcome.MEASURED, f"{len(t.windows)} window(s), {requests:.0f} canary requests"
 
     # -- the next arm ----------------------------------------------------------------------

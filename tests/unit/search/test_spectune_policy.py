@@ -32,6 +32,7 @@ from spectune.search.policy import (
 from spectune.search.spectune_policy import (
     MAX_WINDOWS_PER_TRIAL,
     SpectunePolicy,
+    burst_excluded_quantile,
     guardrail_breach,
     posterior_draws,
 )
@@ -249,7 +250,8 @@ def test_at_saturation_off_is_measured_not_inferred_from_two_lengths() -> None:
     world = WORLDS["chat: eagle3 wins at a small k"]
 
     def full(arm: Arm) -> WindowStats:
-        return replace(world.stats(arm), running=256.0, queue_p95=120.0)
+        # (Thousands of requests a window: the canary's catch-up burst is a few percent.)
+        return replace(world.stats(arm), running=256.0, queue_p95=120.0, requests=4000.0)
 
     after = _after_a_second_length(world, full)
     assert after.kind is DecisionKind.TRIAL and after.arm == OFF
@@ -528,22 +530,38 @@ def test_a_catch_up_burst_in_a_canarys_first_window_is_not_a_guardrail_breach() 
     assert second.end_running is Outcome.ABORTED and "TTFT p95" in second.reason
 
 
-def test_a_burst_that_fills_the_p90s_tail_leaves_the_first_window_unjudged() -> None:
+def test_a_burst_that_fills_the_p90s_tail_is_set_aside_not_left_unjudged() -> None:
     # Pods full at 238 running requests each: off's canary was sent about 238 at once, a
-    # quarter of its first window. Its p90 is the burst's as much as its p95 (1.0 s against
-    # the incumbent's 0.47 s): that window is not judged, and the trial's record says so;
-    # the same tail in the second window, with no burst to explain it, is aborted.
+    # quarter of its first window. Its p90 is the burst's as much as its p95; without the
+    # burst its p95 is the window's p70 (0.95 × (1 − 0.24)), and that is what is judged.
     inc_arm, inc, can = _burst_pair(238.0, 2000, 1000, p90_low=0.8)
     g = Objective().guardrails
-    assert guardrail_breach(can, inc, g, first=True) is None
-    assert guardrail_breach(can, inc, g) is not None
-    # At 4 % of the window the p90 still sets the burst aside, and it is slow: aborted.
+    assert burst_excluded_quantile(can, inc) == 0.70
+    fast = replace(can, ttft_p70_low=0.40)
+    slow = replace(can, ttft_p70_low=0.75)
+    assert guardrail_breach(fast, inc, g, first=True) is None
+    assert "TTFT p70 at least 0.750s" in (guardrail_breach(slow, inc, g, first=True) or "")
+    # At 4 % of the window the p90 sets the burst aside, and it is slow: aborted.
     assert "TTFT p90" in (guardrail_breach(can, replace(inc, running=40.0), g, True) or "")
 
-    first, second = _after_one_and_two_windows(inc_arm, inc, can)
+    # Through the policy: slow beyond the burst, the first window aborts the trial.
+    first, _ = _after_one_and_two_windows(inc_arm, inc, slow)
+    assert first.end_running is Outcome.ABORTED and "TTFT p70" in first.reason
+    first, _ = _after_one_and_two_windows(inc_arm, inc, fast)
     assert first.end_running is Outcome.MEASURED
+    assert "guardrails judged on the p70 in the first window" in first.reason
+
+
+def test_a_trial_is_not_judged_measured_before_a_window_judged_on_guardrails() -> None:
+    # The burst (238 requests) is nearly all the canary finished (250): no quantile of the
+    # rest can be read, so the window is not judged, and the trial cannot end on it —
+    # although its requests would be evidence enough. The second window is judged.
+    inc_arm, inc, can = _burst_pair(238.0, 2000, 250, p90_low=0.42)
+    assert burst_excluded_quantile(can, inc) is None
+    first, second = _after_one_and_two_windows(inc_arm, inc, can)
+    assert first.kind is DecisionKind.TRIAL and first.arm == OFF
+    assert first.end_running is None
     assert "guardrails not judged in the first window" in first.reason
-    assert "burst was about 24% of its requests" in first.reason
     assert second.end_running is Outcome.ABORTED and "TTFT p95" in second.reason
 
 
