@@ -72,11 +72,12 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.stats import beta as beta_dist
 
 from spectune.core import predict_speedup, tail_ratio
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
-from spectune.search.model import MEASURED_FLOOR, ArmBelief, Beliefs, build_beliefs
+from spectune.search.model import MEASURED_FLOOR, MODEL_PRIOR, ArmBelief, Beliefs, build_beliefs
 from spectune.search.objective import (
     SMALL_BATCH_CHANGE,
     Guardrails,
@@ -84,18 +85,21 @@ from spectune.search.objective import (
     WindowStats,
     saturated,
 )
-from spectune.search.policy import Decision, DecisionKind, Estimate, TuningContext
+from spectune.search.policy import Decision, DecisionKind, DrafterSpec, Estimate, TuningContext
 from spectune.search.schedule import epoch_batch, learned_schedule
 
 __all__ = [
     "SpectunePolicy",
+    "acceptance_rules_out",
     "burst_excluded_quantile",
     "burst_share",
     "catch_up_burst",
     "guardrail_breach",
     "guardrail_judgement",
     "judged_windows",
+    "load_cost",
     "posterior_draws",
+    "unexplored_prior",
 ]
 
 #: An arm already tried this often in an epoch is not restarted again as a challenger.
@@ -111,6 +115,24 @@ MAX_WINDOWS_PER_TRIAL = 3
 #: beat it too.
 UNEXPLORED_GAIN = 0.41
 UNEXPLORED_SPREAD = 0.375
+#: Prior of a never-measured drafter's first-position acceptance α, by method: a Beta(a, b)
+#: per method family, with a per-position decay of :data:`PRIOR_DECAY`
+#: (:func:`unexplored_prior`). Sources: reference/anchors-2026.md's method table from the
+#: vLLM docs rates n-gram and suffix "low to medium" gain at low QPS where EAGLE, MTP and
+#: PARD are "high" and a draft model "high"; "Performance or Illusion?" (arXiv 2601.11580)
+#: finds n-gram best only on code editing (copying), EAGLE-3 best all round;
+#: reference/anchors.md: EAGLE-2 3.05–4.26× at batch 1, HedgeSpec's generalist EAGLE at
+#: 5.69 mean accepted tokens. So n-gram/suffix: mean 0.4 and wide (Beta(2, 3): its 95th
+#: percentile, 0.75, is copy-heavy traffic, where it wins); draft models 0.67 (Beta(6, 3));
+#: trained heads 0.75 (Beta(7.5, 2.5)); an unknown method Beta(2, 2).
+METHOD_ACCEPTANCE: dict[str, tuple[float, float]] = {
+    "ngram": (2.0, 3.0), "n_gram": (2.0, 3.0), "suffix": (2.0, 3.0),
+    "draft_model": (6.0, 3.0), "parallel_draft_model": (6.0, 3.0),
+    "eagle": (7.5, 2.5), "eagle3": (7.5, 2.5), "mtp": (7.5, 2.5), "medusa": (7.5, 2.5),
+    "mlp": (7.5, 2.5),
+}  # fmt: skip
+UNKNOWN_METHOD_ACCEPTANCE = (2.0, 2.0)
+PRIOR_DECAY = 0.95
 #: Loads within this factor are one regime when learning a per-batch-size table (the
 #: controller's default load-shift factor).
 LOAD_FACTOR = 1.6
@@ -270,6 +292,104 @@ def judged_windows(t: TrialRecord, g: Guardrails) -> int:
     return n
 
 
+def _best_ratio(alpha: float, decay: float, cost: float, max_k: int) -> tuple[int, float]:
+    """The k ≤ ``max_k`` with the lowest per-token latency relative to ``off`` for a
+    geometric acceptance curve (α, decay) at draft cost ``cost`` per drafted position, and
+    that ratio ``(1 + c·k) / E(k)``."""
+    best, ratio, e, surv = 1, math.inf, 1.0, 1.0
+    for k in range(1, max_k + 1):
+        surv *= alpha * decay ** (k - 1)
+        e += surv
+        r = (1 + cost * k) / e
+        if r < ratio:
+            best, ratio = k, r
+    return best, ratio
+
+
+def load_cost(beliefs: Beliefs, ctx: TuningContext) -> float:
+    """What a drafted position costs at this load, relative to a plain step: the lowest
+    draft cost measured at it (``Beliefs.costs``: verification of ``b(k+1)`` tokens grows
+    with the batch, so a cost measured here carries the load), else the cost assumed until
+    one is measured."""
+    costs = [c for c in beliefs.costs.values() if math.isfinite(c)]
+    return min(costs) if costs else ctx.assumed_draft_cost
+
+
+def unexplored_prior(
+    spec: DrafterSpec, beliefs: Beliefs, ctx: TuningContext
+) -> tuple[Arm, float, float]:
+    """The arm to try first of a drafter whose acceptance was never measured, and its prior
+    log objective ratio to the incumbent (mean, spread).
+
+    The method's acceptance prior (:data:`METHOD_ACCEPTANCE`) is priced by the model at
+    this load (:func:`load_cost`), relative to ``off``'s belief: for each of nine quantiles
+    of α, the best k's latency ratio ``(1 + c·k)/E(k)``. The prior's mean is the median's
+    log ratio and its spread puts the 5th percentile of α's best case at −1.645 spreads:
+    the challenger rule (P(beats the leader by ε) ≥ δ) then tries the drafter only when
+    the model gives it a real chance at this load — a poor n-gram at a load where each
+    drafted position costs half a step has none, a trained head at light load a large one.
+    The arm tried is the largest k: one window of its counters prices every shorter k, and
+    :func:`acceptance_rules_out` ends the trial after that window when they leave no chance
+    (the largest k costs users most exactly where drafting is dear, for one window).
+    """
+    a, b = METHOD_ACCEPTANCE.get(spec.method, UNKNOWN_METHOD_ACCEPTANCE)
+    cost = load_cost(beliefs, ctx)
+    off = beliefs.arms.get(OFF.name)
+    base = off.loss if off is not None else 0.0
+    logs = []
+    for q in (0.05, 0.5, 0.95):
+        alpha = float(beta_dist.ppf(q, a, b))
+        logs.append(_best_ratio(alpha, PRIOR_DECAY, cost, spec.max_k))
+    median = math.log(logs[1][1])
+    best = math.log(logs[2][1])
+    spread = max((median - best) / 1.645, MODEL_PRIOR)
+    return Arm(spec.name, spec.max_k), base + median, spread
+
+
+def acceptance_rules_out(ctx: TuningContext, history: History, running: TrialRecord) -> str | None:
+    """Why the running trial of a drafter first measured in it should end now, or None.
+
+    One window of its counters prices every k up to the trial's (the survival curve): with
+    the draft cost at this load (:func:`load_cost`) the model's best k of that curve,
+    relative to ``off``, either still has a chance (probability δ, at the model's own
+    error :data:`~spectune.search.model.MODEL_PRIOR`) of beating the leader by ε, or not;
+    if not, the trial's further windows could only cost users and change nothing.
+    """
+    arm = parse_arm(running.arm)
+    d = arm.drafter
+    if d is None or arm.schedule is not None:
+        return None
+    earlier = [t for t in history.trials if t is not running and t.epoch in
+               history.acceptance_epochs()]  # fmt: skip
+    if any(parse_arm(t.arm).drafter == d and t.windows for t in earlier):
+        return None
+    if ctx.incumbent.drafter == d:
+        return None
+    minimise = ctx.objective.metric.minimise
+    beliefs = build_beliefs(ctx.space, history, ctx.incumbent, minimise, ctx.min_requests)
+    surv = beliefs.survival.get(d)
+    off = beliefs.arms.get(OFF.name)
+    leader = _leader(beliefs, measured_only=True)
+    if surv is None or len(surv) == 0 or off is None or leader is None:
+        return None
+    cost = load_cost(beliefs, ctx)
+    e, best = 1.0, math.inf
+    for k in range(1, len(surv) + 1):
+        e += float(np.clip(surv[k - 1], 0.0, 1.0))
+        best = min(best, (1 + cost * k) / e)
+    loss = off.loss + math.log(best)
+    line = beliefs.arms[leader.name].loss - math.log(1 + ctx.epsilon)
+    chance = 0.5 * math.erfc((loss - line) / MODEL_PRIOR / math.sqrt(2))
+    if chance >= ctx.delta:
+        return None
+    return (
+        f"its measured acceptance (P(L≥1) = {float(surv[0]):.2f}) at this load's draft cost "
+        f"c = {cost:.2f} puts its best k at {math.exp(loss):.2f}× the incumbent's "
+        f"{ctx.objective.metric.value}: P(beats {leader.name} by {ctx.epsilon:.0%}) = "
+        f"{chance:.3f}; ending the trial"
+    )
+
+
 class SpectunePolicy:
     """The ``spectune`` policy (see the module docstring)."""
 
@@ -283,6 +403,9 @@ class SpectunePolicy:
         if running is not None and running.windows:
             verdict = self._close(ctx, running)
             if verdict is None:
+                out = acceptance_rules_out(ctx, history, running)
+                if out is not None:
+                    return self._next(ctx, history, Outcome.MEASURED, f"{running.arm}: {out}", None)
                 requests, drafted = _evidence(running)
                 seen = f"{requests:.0f} canary requests"
                 if not math.isnan(drafted):
@@ -408,16 +531,15 @@ class SpectunePolicy:
         for d in ctx.space.drafters:
             if d.name in bad_drafters:
                 continue
+            mean, spread = prior, UNEXPLORED_SPREAD
             if d.name in beliefs.unexplored_drafters:
-                arm = Arm(d.name, d.max_k)
+                arm, mean, spread = unexplored_prior(d, beliefs, ctx)
             elif d.name in beliefs.survival and d.name not in priced:
                 arm = Arm(d.name, math.ceil(d.max_k / 2))
             else:
                 continue
             if arm.name not in tried and arm.name not in beliefs.excluded:
-                beliefs.arms[arm.name] = ArmBelief(
-                    arm, prior, UNEXPLORED_SPREAD, False, 0, math.nan, math.nan
-                )
+                beliefs.arms[arm.name] = ArmBelief(arm, mean, spread, False, 0, math.nan, math.nan)
 
         # 2. The leader: the best measured arm (the incumbent counts as measured). Unmeasured
         # arms only ever challenge it: nothing is promoted on a prediction alone.
