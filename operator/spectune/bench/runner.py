@@ -376,7 +376,7 @@ def run_bench(
     )
     promotions = stage.timeline[1:]
     worse = worse_seconds(
-        stage.served,
+        stage.timeline,
         promotions[0][0] if promotions else None,
         lambda arm: oracle.run(arm).requests,
         scenario.initial_arm.name,

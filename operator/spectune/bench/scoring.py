@@ -47,7 +47,10 @@ Definitions (the bench JSON's fields):
   already within it; None when the one served at the phase's end is not.
 * **Worse than initial** (``worse_than_initial_s``, beside the contract's object like
   recovery): the simulated seconds, after the first promotion, in which the target served
-  an arm worse with confidence than the scenario's ``initial`` arm — each served arm judged
+  an arm worse with confidence than the scenario's ``initial`` arm — the target serves an
+  arm from its promotion on (a rollout in progress counts as its arm, as ``chosen_arm``
+  does: a rollout that a saturated target drains slowly is served by its new pods the
+  whole time, and a tuner is not excused by it) — each served arm judged
   in each guardrail window (as above) from the oracle's static runs of it and of the
   initial arm, which saw the same requests: for a p95 objective, the lower end of the
   served arm's 95 % order-statistic interval above the upper end of the initial arm's; for
@@ -334,7 +337,7 @@ def worse_seconds(
     """Seconds after ``first_promotion_s`` in which the target served an arm worse than
     ``initial`` with confidence (module docstring); 0 without a promotion.
 
-    ``served``: ``(time, arm)`` at time 0 and at the end of every rollout, in time order;
+    ``served``: ``(time, arm)`` at time 0 and at every promotion, in time order;
     ``runs(arm)``: the oracle's static run of an arm.
     """
     if first_promotion_s is None:
@@ -345,7 +348,7 @@ def worse_seconds(
         if end <= first_promotion_s:
             continue
         lo = max(start, first_promotion_s)
-        # The arms served over the window: the one at its start, then each rollout's end.
+        # The arms served over the window: the one at its start, then each promotion's.
         at_start = [arm for t, arm in served if t <= lo]
         cuts = [(lo, at_start[-1] if at_start else initial)]
         cuts += [(t, arm) for t, arm in served if lo < t < end]
