@@ -15,7 +15,9 @@ same offered load per target pod: finished requests per second per pod, within t
 controller's load-shift factor (``ControllerConfig.load_shift``, the band in which the search
 itself treats loads as one). Windows of the same kind are preferred (alone with alone,
 beside a canary with beside a canary): both then carry the same share of the service's
-traffic. Beyond the band the window is **not judged** — not adjusted by the model: latency
+traffic. (A saturated target's finished rate is its capacity, and the offered load is at
+least that: a rate below the reference's there is the arm's slowness, and the window is
+judged.) Beyond the band the window is **not judged** — not adjusted by the model: latency
 near capacity grows like ρ/(1 − ρ) in the utilisation, and a model that extrapolates a p95
 across a load change by more than a factor is a guess a rollback cannot rest on. An
 unjudged window still counts towards the verification's windows; a verification that
@@ -40,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spectune.search.history import History, WindowRecord
-from spectune.search.objective import Objective, WindowStats
+from spectune.search.objective import Objective, WindowStats, saturated
 
 __all__ = [
     "Reference",
@@ -116,11 +118,15 @@ def _comparable(
     """The latest ``most`` references at ``target``'s load (within ``factor``), of its kind
     when there are any."""
 
+    full = saturated(target.stats)
+
     def near(r: Reference) -> bool:
         a, b = r.rate, target.rate
         if not (a > 0 and b > 0):
             return False
-        return max(a, b) / min(a, b) <= factor
+        # A saturated target finishes requests at its capacity, not at the offered load,
+        # which is at least that: a rate below the reference's is the arm's slowness.
+        return max(a, b) / min(a, b) <= factor or (full and b < a)
 
     close = [r for r in refs if near(r)]
     same = [r for r in close if r.beside == target.beside]
