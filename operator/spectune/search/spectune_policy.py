@@ -372,6 +372,8 @@ def acceptance_rules_out(ctx: TuningContext, history: History, running: TrialRec
     leader = _leader(beliefs, measured_only=True)
     if surv is None or len(surv) == 0 or off is None or leader is None:
         return None
+    if leader.name == running.arm:
+        return None  # its own window already puts it ahead: nothing to rule out
     cost = load_cost(beliefs, ctx)
     e, best = 1.0, math.inf
     for k in range(1, len(surv) + 1):

@@ -1000,3 +1000,30 @@ def test_a_drafted_trial_short_of_min_drafts_measures_another_window() -> None:
     assert decide(trial(no_counter, 1), 20000).end_running is Outcome.MEASURED
     off = replace(world.stats(inc), draft_tokens=0.0)
     assert decide(trial(off, 1, "off", arm), 20000, arm).end_running is Outcome.MEASURED
+
+
+def test_an_unseen_drafters_trial_that_leads_on_its_first_window_is_not_ended_by_the_model() -> (
+    None
+):
+    # eagle3/4's trial put off at 1.5x its latency; then eagle3/4 slowed down (its
+    # acceptance collapsed) and ngram's first window leads it. Priced from off's older
+    # ratio, ngram's counters give it no chance, but its own window says otherwise: the
+    # measurement outranks the prediction, and the trial goes on to its evidence.
+    world = FakeWorld({"eagle3": (0.8, 0.97, 0.05), "ngram": (0.16, 0.9, 0.0)}, drafts=2000)
+    inc = parse_arm("eagle3/4")
+    ctx = TuningContext(SPACE, Objective(), inc, 1260.0, max_trials=12, seed=1, min_drafts=20000)
+    history = History(baseline=((0, WindowRecord(0, 300, world.stats(inc), None, inc.name)),))
+    history = history.add_trial(
+        TrialRecord(OFF.name, inc.name, 0, 300.0, Outcome.MEASURED).with_window(
+            WindowRecord(480, 780, world.stats(inc), world.stats(OFF), inc.name)
+        )
+    )
+    s = world.stats(inc)
+    slow = replace(s, objective=s.objective * 4, objective_low=s.objective_low * 4,
+                   objective_high=s.objective_high * 4, tpot_mean=s.tpot_mean * 4)  # fmt: skip
+    ngram = parse_arm("ngram/8")
+    trial = TrialRecord(ngram.name, inc.name, 0, 780.0).with_window(
+        WindowRecord(960, 1260, slow, replace(world.stats(ngram), draft_tokens=16000.0), inc.name)
+    )
+    after = SpectunePolicy().decide(ctx, history.add_trial(trial))
+    assert after.end_running is None and after.arm == ngram, after.reason
