@@ -42,3 +42,15 @@ def test_a_window_at_another_load_is_not_judged_unless_the_target_saturated_belo
     light = replace(full, stats=replace(full.stats, queue_p95=0.0, queue_p95_low=0.0,
                                         queue_p95_high=0.0))  # fmt: skip
     assert not regression(light, before, Objective(), 1.6).judged
+
+
+def test_a_p95_hidden_under_the_first_bucket_is_judged_by_the_mean_per_token_latency() -> None:
+    # Every per-token latency under 10 ms: the histogram bounds the p95 and cannot place
+    # it, but it holds the mean exactly. 20 % slower on the mean is a regression; 2 % is not.
+    hidden = {"objective_bound": 0.01, "objective_low": 0.002, "objective_high": 0.01}
+    before = [ref("off", 2.0, tpot_mean=0.005, **hidden)]
+    slower = ref("eagle3/4", 2.0, tpot_mean=0.006, **hidden)
+    verdict = regression(slower, before, Objective(), 1.6)
+    assert verdict.judged and verdict.why is not None and "mean per-token" in verdict.why
+    alike = ref("eagle3/4", 2.0, tpot_mean=0.0051, **hidden)
+    assert regression(alike, before, Objective(), 1.6).why is None
