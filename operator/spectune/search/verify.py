@@ -36,7 +36,9 @@ bucket (``WindowStats.objective_bound``: every per-token latency under vLLM's fi
 is judged by the mean per-token latency, which the histogram holds exactly: worse when the
 target's mean exceeds every reference's by more than 1.96·√2 times the window-to-window
 spread of a ratio of such means (:data:`~spectune.search.model.MEASURED_FLOOR`), the
-reading the model itself gives a hidden tail (the mean times the acceptance's tail ratio).
+reading the model itself gives a hidden tail (the mean times the acceptance's tail ratio),
+and only where the target carried no more requests per pod than the references (the mean
+rises with the request rate: each prefill stalls the decodes beside it).
 """
 
 from __future__ import annotations
@@ -162,7 +164,13 @@ def regression(
 
         means = [r.tpot_mean for r in ref if r.tpot_mean > 0]
         margin = math.exp(1.96 * math.sqrt(2) * MEASURED_FLOOR)
-        if means and s.tpot_mean > max(means) * margin:
+        # Each request's prefill stalls the decodes beside it, so the mean per-token
+        # latency rises with the request rate even inside the load band: judged only where
+        # the target carried no more requests per pod than the references (up to the
+        # Poisson noise of its count), so that a slower mean is the arm's.
+        noise = 1.96 / math.sqrt(s.requests) if s.requests > 0 else math.inf
+        lighter = target.rate <= max(r.rate for r in chosen) * (1 + noise)
+        if means and lighter and s.tpot_mean > max(means) * margin:
             shown = ", ".join(f"{m * 1000:.1f}ms" for m in means)
             return Regression(
                 True,
