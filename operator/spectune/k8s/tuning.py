@@ -123,7 +123,9 @@ Claims = Callable[[str], Iterable[tuple[str, str]]]
 """``(creationTimestamp, name)`` of every SpecTuning of the namespace that names a Deployment
 and is not being deleted; the oldest one tunes it."""
 
-_WARNINGS = frozenset({"TrialAborted", "TrialInfeasible", "AcceptanceDrift", "HumanEdit"})
+_WARNINGS = frozenset(
+    {"TrialAborted", "TrialInfeasible", "AcceptanceDrift", "HumanEdit", "RolledBack"}
+)
 _CONFLICT_RETRIES = 5
 """Status writes tried in a row while they conflict (HTTP 409)."""
 _FORBIDDEN_RETRY_S = 5.0
