@@ -70,6 +70,8 @@ def main() -> int:
         "trials",
         "breach s",
         "recovery s",
+        "worse than initial s",
+        "rollbacks",
         "wall s",
     ):
         table.add_column(col, justify="left" if col in ("scenario", "policy") else "right")
@@ -95,6 +97,12 @@ def main() -> int:
             recovery = _recovery(result.recoveries)
             results.setdefault(scenario.name, {})[policy] = {**doc, "recovery": recovery}
             if ns.json:
+                doc = {
+                    **doc,
+                    "worse_than_initial_s": result.worse_than_initial_s,
+                    "rollbacks": result.rollbacks,
+                }
+            if ns.json:
                 print(json.dumps(doc), flush=True)
             table.add_row(
                 scenario.name,
@@ -104,6 +112,8 @@ def main() -> int:
                 str(doc["trials"]),
                 _fmt(doc["guardrail_breach_s"], ".0f"),
                 recovery,
+                f"{result.worse_than_initial_s:.0f}",
+                str(result.rollbacks),
                 _fmt(doc["wall_seconds"], ".1f"),
             )
     console.print(table)

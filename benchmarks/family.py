@@ -13,7 +13,8 @@ then each policy runs through ``spectune.bench.runner.run_bench``, the code of
 Printed, per policy: efficiency median / p10 / min, mean run efficiency, time-integrated
 regret (``bench/regret.py``: seconds of serving lost against the phase oracles,
 exploration included) as a share of the run, restarts (absolute and per search), runs with
-a guardrail breach, and the slowest recovery after a model change; then the median
+a guardrail breach, seconds served worse than the initial setting after the first promotion
+and rollbacks (issue [N]'s floor), and the slowest recovery after a model change; then the median
 efficiency per regime (load band, replicas, drafter kinds, objective). ``--compare A,B``
 pairs two policies of this run by world (mean difference with a 95 % bootstrap interval and
 a sign test, ``bench/paired.py``); ``--baseline FILE`` pairs this run with another commit's
@@ -102,6 +103,8 @@ def _one(doc: dict[str, Any], policy: str, window: float) -> dict[str, Any]:
     out["regret"] = [[t, round(v, 1)] for t, v in r.regret]
     out["recoveries"] = [s for _, s in r.recoveries]
     out["searches"] = 1 + sum(1 for e in r.events if e.reason == "Retune")
+    out["worse_than_initial_s"] = r.worse_than_initial_s
+    out["rollbacks"] = r.rollbacks
     return out
 
 
@@ -244,6 +247,8 @@ def summary(runs: list[dict[str, Any]], policies: list[str], window: float) -> T
         "restarts",
         "per search",
         "breached runs",
+        "worse than initial s",
+        "rollbacks",
         "worst recovery s",
     ):
         t.add_column(col, justify="left" if col == "policy" else "right")
@@ -255,6 +260,9 @@ def summary(runs: list[dict[str, Any]], policies: list[str], window: float) -> T
         trials = [r["trials"] for r in mine]
         per = [r["trials"] / r["searches"] for r in mine]
         breached = sum(1 for r in mine if r["guardrail_breach_s"] > window)
+        worse = sum(r["worse_than_initial_s"] for r in mine)
+        worse_runs = sum(1 for r in mine if r["worse_than_initial_s"] > 0)
+        rollbacks = sum(r["rollbacks"] for r in mine)
         rec = [s for r in mine for s in r["recoveries"]]
         never = sum(1 for s in rec if s is None)
         worst = max((s for s in rec if s is not None), default=None)
@@ -270,6 +278,8 @@ def summary(runs: list[dict[str, Any]], policies: list[str], window: float) -> T
             f"{statistics.fmean(trials):.1f}" if trials else "—",
             f"{statistics.fmean(per):.1f}" if per else "—",
             str(breached),
+            f"{worse:.0f} in {worse_runs} runs",
+            str(rollbacks),
             worst_txt,
         )
     return t

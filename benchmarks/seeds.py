@@ -143,8 +143,14 @@ def parse_seeds(text: str) -> list[str]:
 def _one(doc: dict[str, Any], seed: int, policy: str, window: float) -> dict[str, Any]:
     scenario = scenario_from_mapping(doc)
     result = run_bench(scenario, policy, seed=seed, window_s=window, jobs=1)
-    # Beside the contract's keys: seconds until back within 0.95 after each model change.
-    return {**result.to_json(), "recovery_s": [took for _, took in result.recoveries]}
+    # Beside the contract's keys: seconds until back within 0.95 after each model change,
+    # seconds served worse than the initial arm after the first promotion, rollbacks.
+    return {
+        **result.to_json(),
+        "recovery_s": [took for _, took in result.recoveries],
+        "worse_than_initial_s": result.worse_than_initial_s,
+        "rollbacks": result.rollbacks,
+    }
 
 
 def _key(doc: dict[str, Any]) -> tuple[str, int]:
@@ -199,7 +205,8 @@ def main() -> int:
 def _summary(runs: list[dict[str, Any]], policy: str, window: float) -> Table:
     table = Table(title=f"{policy} over seeds")
     cols = ("scenario", "runs", "median", "min", "mean", "run_eff mean", "trials mean",
-            "breach > window/trial", "worst recovery s")  # fmt: skip
+            "breach > window/trial", "worst recovery s", "worse than initial s (runs)",
+            "rollbacks")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="left" if col == "scenario" else "right")
     by: dict[str, list[dict[str, Any]]] = {}
@@ -217,8 +224,19 @@ def _summary(runs: list[dict[str, Any]], policy: str, window: float) -> Table:
             f"{statistics.fmean(r['trials'] for r in rs):.1f}",
             str(sum(_breached(r, window) for r in rs)),
             _worst_recovery(rs),
+            _worse(rs),
+            str(sum(int(r.get("rollbacks", 0)) for r in rs)),
         )
     return table
+
+
+def _worse(runs: list[dict[str, Any]]) -> str:
+    """Seconds served worse than the initial arm, summed over the runs, and how many runs
+    had any ("–" for runs recorded before the figure existed)."""
+    worse = [float(r["worse_than_initial_s"]) for r in runs if "worse_than_initial_s" in r]
+    if not worse:
+        return "–"
+    return f"{sum(worse):.0f} ({sum(w > 0 for w in worse)})"
 
 
 def _worst_recovery(runs: list[dict[str, Any]]) -> str:

@@ -85,6 +85,7 @@ def to_controller_config(spec: SpecTuningSpec, *, seed: int = 0) -> ControllerCo
         window_s=parse_duration(search.window, "spec.search.window"),
         max_trials=search.max_trials,
         min_drafts=search.min_drafts,
+        verify_windows=search.verify_windows,
         epsilon=search.epsilon,
         delta=search.delta,
         drift_threshold=retune.drift.threshold,

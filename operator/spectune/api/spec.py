@@ -390,6 +390,16 @@ class SearchSpec(ApiModel):
     max_trials: int = Field(
         12, ge=1, le=50, description="Most trials (restarts) per search. Default 12."
     )
+    verify_windows: int = Field(
+        2,
+        ge=0,
+        le=20,
+        description=(
+            "Windows of the target on a newly promoted arm compared with the setting before "
+            "it; worse with confidence on the objective or a guardrail rolls it back. Phase "
+            "Verifying until then; 0 disables the check. Default 2."
+        ),
+    )
     epsilon: float = Field(
         0.02,
         gt=0,

@@ -47,6 +47,7 @@ class Phase(enum.StrEnum):
     EXPLORING = "Exploring"
     CONVERGED = "Converged"
     MONITORING = "Monitoring"
+    VERIFYING = "Verifying"
     DRIFTED = "Drifted"
     DEGRADED = "Degraded"
     SUSPENDED = "Suspended"
@@ -203,7 +204,8 @@ class SpecTuningStatus(ApiModel):
     phase: Phase | None = Field(
         None,
         description=(
-            "Baseline, Exploring, Converged, Monitoring, Drifted, Degraded, Suspended or Failed."
+            "Baseline, Exploring, Converged, Monitoring, Verifying, Drifted, Degraded, Suspended "
+            "or Failed."
         ),
     )
     applied: Applied | None = Field(None, description="The setting the target runs now.")

@@ -137,6 +137,9 @@ class SimStage:
         """Start a rolling update of the target onto ``arm``."""
         self.fleet.scenario.check_arm(arm)
         if arm == self.incumbent:
+            # Back to what the target serves (a rollback of a promotion that could not
+            # start): the failed new pod goes, the old ones never stopped.
+            self.promotion_failure = None
             return
         failure = self.fleet.physics(arm).failure
         self.trials += 1
@@ -237,6 +240,7 @@ class SimStage:
             rolling=self.rolling,
             model_version=self.fleet.model_version,
             routes=self.routes(),
+            target_failure=self.promotion_failure,
         )
 
     def next_model_change(self, after_s: float) -> float | None:

@@ -165,6 +165,8 @@ def _print_summary(result: BenchResult) -> None:
     totals.add_row("guardrail breach", f"{doc['guardrail_breach_s']} s")
     promoted = ", ".join(f"{arm} @{t:.0f}s" for t, arm in result.promotions) or "none"
     totals.add_row("promotions", promoted)
+    totals.add_row("rollbacks", str(result.rollbacks))
+    totals.add_row("served worse than initial", f"{result.worse_than_initial_s:.0f} s")
     for at, took in result.recoveries:
         totals.add_row(
             f"model change @{at:.0f}s: back within {RECOVERY_EFFICIENCY:g} of the oracle",

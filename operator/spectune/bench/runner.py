@@ -32,6 +32,9 @@ Definitions (phases, objective values, efficiency ratios and guardrail breaches 
   phase's oracle (``bench/scoring.py``).
 * ``regret`` (beside the contract's object): the time-integrated loss against the phase
   oracles, window by window (``bench/regret.py``).
+* ``worse_than_initial_s`` and ``rollbacks`` (beside the contract's object, in the bench's
+  tables): seconds served worse than the initial arm after the first promotion, and the
+  controller's rollbacks of promoted arms (``bench/scoring.py``).
 * ``sim_seconds``: the scenario's ``duration_s``; ``wall_seconds``: the whole command,
   oracle included.
 
@@ -64,6 +67,7 @@ from spectune.bench.scoring import (
     metric_value,
     phase_spans,
     recovery_seconds,
+    worse_seconds,
 )
 from spectune.control.controller import Controller, ControllerConfig, Event
 from spectune.control.controller import Phase as LoopPhase
@@ -115,6 +119,11 @@ class BenchResult:
     recoveries: tuple[tuple[float, float | None], ...] = ()
     """``(event time, recovery seconds or None)`` for each ``model_version`` event
     (``bench/scoring.py``); not a field of the contract's object."""
+    worse_than_initial_s: float = 0.0
+    """Seconds served worse than the initial arm after the first promotion
+    (``bench/scoring.py``); not a field of the contract's object."""
+    rollbacks: int = 0
+    """Promoted arms the controller rolled back; not a field of the contract's object."""
     events: tuple[Event, ...] = field(default=(), repr=False)
     regret: tuple[tuple[float, float], ...] = field(default=(), repr=False)
     """``(time, cumulative regret seconds)`` per window (``bench/regret.py``); not a field of
@@ -380,6 +389,16 @@ def run_bench(
         window_s,
         guardrail_limits(scenario),
     )
+    promotions = stage.timeline[1:]
+    worse = worse_seconds(
+        stage.timeline,
+        promotions[0][0] if promotions else None,
+        lambda arm: oracle.run(arm).requests,
+        scenario.initial_arm.name,
+        metric,
+        phases,
+        window_s,
+    )
     return BenchResult(
         scenario=scenario.name,
         policy=policy,
@@ -397,6 +416,8 @@ def run_bench(
         best_static_value=best_value,
         promotions=tuple(stage.timeline[1:]),
         recoveries=recoveries,
+        worse_than_initial_s=worse,
+        rollbacks=sum(1 for e in events if e.reason == "RolledBack"),
         events=tuple(events),
         regret=regret_curve(
             run_table, lambda p: runs[phase_best[p][0]].requests, phases, metric, window_s

@@ -45,6 +45,18 @@ Definitions (the bench JSON's fields):
   final choice. The target serves an arm from the end of its rollout (time 0 for the
   initial arm), not from the promotion's start. 0 when the arm served at the event is
   already within it; None when the one served at the phase's end is not.
+* **Worse than initial** (``worse_than_initial_s``, beside the contract's object like
+  recovery): the simulated seconds, after the first promotion, in which the target served
+  an arm worse with confidence than the scenario's ``initial`` arm — the target serves an
+  arm from its promotion on (a rollout in progress counts as its arm, as ``chosen_arm``
+  does: a rollout that a saturated target drains slowly is served by its new pods the
+  whole time, and a tuner is not excused by it) — each served arm judged
+  in each guardrail window (as above) from the oracle's static runs of it and of the
+  initial arm, which saw the same requests: for a p95 objective, the lower end of the
+  served arm's 95 % order-statistic interval above the upper end of the initial arm's; for
+  a throughput, below it by more than 1.96 × its relative Poisson error (1/√requests). A
+  tuner that users can leave running keeps it at 0 wherever the oracle is not worse than
+  the initial arm. ``rollbacks`` counts the controller's ``RolledBack`` events.
 """
 
 from __future__ import annotations
@@ -78,6 +90,7 @@ __all__ = [
     "phase_spans",
     "recovery_seconds",
     "score_windows",
+    "worse_seconds",
 ]
 
 #: Seconds added to a guardrail's line: the resolution of vLLM's smallest latency buckets.
@@ -292,4 +305,54 @@ def breach_seconds(
             if got_low > max(highs) * (1.0 + lim.tolerance) + ABSOLUTE_SLACK_S:
                 total += end - start
                 break
+    return total
+
+
+def _worse(
+    arm: RequestTable, initial: RequestTable, metric: Metric, start: float, end: float
+) -> bool:
+    """Whether ``arm``'s requests in ``[start, end)`` are worse than ``initial``'s with
+    confidence on ``metric`` (module docstring, "Worse than initial")."""
+    mine, base = arm.between(start, end), initial.between(start, end)
+    if len(mine) < MIN_WINDOW_REQUESTS or len(base) < MIN_WINDOW_REQUESTS:
+        return False
+    column = {Metric.TPOT_P95: "tpot_s", Metric.TTFT_P95: "ttft_s", Metric.E2E_P95: "e2e_s"}
+    if metric in column:
+        _, low, _ = p95_interval(mine.column(column[metric]))
+        _, _, high = p95_interval(base.column(column[metric]))
+        return not (math.isnan(low) or math.isnan(high)) and low > high
+    got, had = float(mine.output_tokens.sum()), float(base.output_tokens.sum())
+    return had > 0 and got < had * (1.0 - 1.96 / math.sqrt(len(base)))
+
+
+def worse_seconds(
+    served: Sequence[tuple[float, str]],
+    first_promotion_s: float | None,
+    runs: Callable[[str], RequestTable],
+    initial: str,
+    metric: Metric,
+    phases: Sequence[tuple[float, float]],
+    window_s: float,
+) -> float:
+    """Seconds after ``first_promotion_s`` in which the target served an arm worse than
+    ``initial`` with confidence (module docstring); 0 without a promotion.
+
+    ``served``: ``(time, arm)`` at time 0 and at every promotion, in time order;
+    ``runs(arm)``: the oracle's static run of an arm.
+    """
+    if first_promotion_s is None:
+        return 0.0
+    base = runs(initial)
+    total = 0.0
+    for start, end, _ in score_windows(phases, window_s):
+        if end <= first_promotion_s:
+            continue
+        lo = max(start, first_promotion_s)
+        # The arms served over the window: the one at its start, then each promotion's.
+        at_start = [arm for t, arm in served if t <= lo]
+        cuts = [(lo, at_start[-1] if at_start else initial)]
+        cuts += [(t, arm) for t, arm in served if lo < t < end]
+        for (a, arm), b in zip(cuts, [t for t, _ in cuts[1:]] + [end], strict=True):
+            if arm != initial and _worse(runs(arm), base, metric, start, end):
+                total += b - a
     return total

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from spectune.control.ports import Actuator, Clock, Deployment, Group, GroupMetrics
 from spectune.core import wilson_interval
 from spectune.errors import WindowCutError
-from spectune.search.arms import Arm
+from spectune.search.arms import Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.objective import (
     Objective,
@@ -34,6 +34,7 @@ from spectune.search.policy import (
     SearchSpace,
     TuningContext,
 )
+from spectune.search.verify import Reference, per_pod_rate, reference_windows, regression
 
 __all__ = ["Controller", "ControllerConfig", "ControllerState", "Event", "Phase"]
 
@@ -57,6 +58,9 @@ class Phase(enum.Enum):
     EXPLORING = "Exploring"
     MONITORING = "Monitoring"
     DRIFTED = "Drifted"
+    VERIFYING = "Verifying"
+    """Shown, never stepped: a promoted arm is on trial on the target
+    (:attr:`ControllerState.shown_phase`); the loop runs its own phase meanwhile."""
 
 
 class DriftAction(enum.Enum):
@@ -97,6 +101,9 @@ class ControllerConfig:
     pods."""
     assumed_draft_cost: float = ASSUMED_DRAFT_COST
     """Draft cost c the policy assumes until one is measured (``SPECTUNE_DRAFT_COST``)."""
+    verify_windows: int = 2
+    """Windows of the target on a newly promoted arm compared with its predecessor's
+    before the promotion counts as verified (``search.verifyWindows``; 0: never verify)."""
     seed: int = 0
 
 
@@ -113,6 +120,28 @@ class ControllerState:
     shift_since_s: float | None = None
     converged_at_s: float | None = None
     trial_started_s: float | None = None
+    floor_arm: str | None = None
+    """The setting the target ran when tuning began: no arm found below it is kept."""
+    verify_arm: str | None = None
+    """The arm promoted and being verified on the target (None: nothing to verify)."""
+    verify_predecessor: str | None = None
+    """What the target ran before it: the setting a failed verification restores."""
+    verify_since_s: float | None = None
+    """When the promotion under verification was applied."""
+    verify_seen: int | None = None
+    """Windows of the promoted arm on the target so far."""
+    verify_judged: int | None = None
+    """...of which had a reference at a comparable load."""
+    verified_status: str | None = None
+    """The ``Verified`` condition: ``True``, ``False`` or ``Unknown`` (None: none yet)."""
+    verified_reason: str | None = None
+    verified_message: str | None = None
+
+    @property
+    def shown_phase(self) -> Phase:
+        """The phase a user sees: ``Verifying`` while a promoted arm is verified, else the
+        loop's own."""
+        return Phase.VERIFYING if self.verify_arm is not None else self.phase
 
 
 @dataclass(frozen=True)
@@ -225,6 +254,14 @@ class Controller:
             self.history = self.history.update_last(running.ended(Outcome.ABORTED, why))
             await self.actuator.stop_canary()
         self.history = self.history.new_epoch(load_moved)
+        if not load_moved and self.state.verify_arm is not None:
+            # The model or the traffic changed: the predecessor's windows no longer say
+            # what the target would serve, so the verification cannot finish.
+            self._end_verification(
+                "Unknown",
+                "SearchReopened",
+                f"{self.state.verify_arm} was not verified: the search re-opened ({why})",
+            )
         # After a load move the incumbent's acceptance is known and its new cost is what
         # the trials measure against it, window by window: no incumbent-only window first.
         self.state = replace(
@@ -241,7 +278,13 @@ class Controller:
     async def step(self) -> None:
         """Do one thing: observe a window, apply an arm, or wait for a rollout."""
         dep = await self.actuator.deployment()
+        if self.state.floor_arm is None:
+            self.state = replace(self.state, floor_arm=dep.incumbent.name)
         if await self._retrigger(dep):
+            return
+        failed = self._failed_to_start(dep)
+        if failed is not None:
+            await self._roll_back(dep, failed, "PromotionFailedToStart", infeasible=True)
             return
         if dep.rolling:
             await self.clock.sleep(self.config.poll_s)
@@ -277,7 +320,8 @@ class Controller:
             # goes on has not yet run alone: look at the incumbent before choosing (the
             # load may have moved); a failure here starts nothing.
             w = await self._baseline_window(dep)
-            await self._load_moved(w)
+            if not await self._verify(dep, w):
+                await self._load_moved(w)
             return
         if running is not None:
             if dep.canary_failure:
@@ -306,6 +350,8 @@ class Controller:
                     dep.incumbent.name,
                 )
                 self.history = self.history.update_last(running.with_window(w))
+                if await self._verify(dep, w):
+                    return
                 moved = self._load_move(w)
                 if moved is not None:
                     await self._promote_then_retune(dep, moved)
@@ -397,6 +443,7 @@ class Controller:
             await self.actuator.promote(d.arm)
             self.history = self.history.promoted(d.arm.name)
             self._event("Promoted", f"{d.arm.name} (before re-opening the search): {d.reason}")
+            self._begin_verification(d.arm, dep.incumbent)
         await self._retune(why, load_moved=True)
 
     async def _load_moved(self, w: WindowRecord) -> bool:
@@ -475,6 +522,7 @@ class Controller:
                 await self.actuator.promote(d.arm)
                 self.history = self.history.promoted(d.arm.name)
                 self._event("Promoted", f"{d.arm.name} (search continues): {d.reason}")
+                self._begin_verification(d.arm, dep.incumbent)
         elif d.kind is DecisionKind.PROMOTE and d.arm is not None:
             if running is not None:
                 self._end_running(Outcome.MEASURED, "search finished")
@@ -499,14 +547,158 @@ class Controller:
                 self._event("Converged", f"{d.arm.name} kept: {d.reason}")
             else:
                 self._event("Promoted", f"{d.arm.name}: {d.reason}")
+            if d.arm.name != dep.incumbent.name:
+                self._begin_verification(d.arm, dep.incumbent)
         else:
             w = await self._baseline_window(dep)
-            await self._load_moved(w)
+            if not await self._verify(dep, w):
+                await self._load_moved(w)
+
+    # -- verification -------------------------------------------------------------------------
+
+    def _begin_verification(self, arm: Arm, predecessor: Arm) -> None:
+        """Put a promoted arm on trial on the target (see :meth:`_verify`)."""
+        n = self.config.verify_windows
+        if n <= 0 or arm.name == predecessor.name:
+            return
+        self.state = replace(
+            self.state,
+            verify_arm=arm.name,
+            verify_predecessor=predecessor.name,
+            verify_since_s=self.clock.now(),
+            verify_seen=0,
+            verify_judged=0,
+            verified_status="Unknown",
+            verified_reason="Verifying",
+            verified_message=(
+                f"{arm.name} promoted over {predecessor.name}: comparing the target's next "
+                f"{n} window(s) with {predecessor.name}'s before it"
+            ),
+        )
+
+    def _end_verification(self, status: str, reason: str, message: str) -> None:
+        self.state = replace(
+            self.state,
+            verify_arm=None,
+            verify_predecessor=None,
+            verify_since_s=None,
+            verify_seen=None,
+            verify_judged=None,
+            verified_status=status,
+            verified_reason=reason,
+            verified_message=message,
+        )
+
+    async def _verify(self, dep: Deployment, w: WindowRecord) -> bool:
+        """Judge a window of a promoted arm on the target; True if it was rolled back.
+
+        A trial measured the arm on canary pods, beside the target and at their share of
+        the traffic; this is the first look at what users get. The target's window (alone,
+        or beside the next trial's canary) is compared with the predecessor's last windows
+        on the target before the promotion, and with the setting the run started on (the
+        floor), at a comparable load per pod (``search/verify.py``: beyond the load-shift
+        band the window is not judged, never adjusted). Worse with confidence on the
+        objective or a guardrail than either: the target goes back to the predecessor (or
+        the floor) at once, the arm is marked failing at this load so no policy picks it
+        again in this epoch, and the search goes on. ``verify_windows`` windows without
+        that: verified (``Verified=True``), or ``Unknown`` when none was comparable.
+        """
+        st = self.state
+        arm, since = st.verify_arm, st.verify_since_s
+        if arm is None or since is None or w.incumbent is None or w.incumbent_arm != arm:
+            return False
+        target = Reference(w.incumbent, per_pod_rate(w), w.canary is not None, w.end_s)
+        backs = [("RegressedAfterPromotion", st.verify_predecessor)]
+        if st.floor_arm is not None and st.floor_arm not in (st.verify_predecessor, arm):
+            backs.append(("BelowInitialSetting", st.floor_arm))
+        judged = False
+        for reason, back in backs:
+            if back is None:
+                continue
+            refs = reference_windows(self.history, back, since)
+            verdict = regression(
+                target, refs, self.objective, self.config.load_shift, self.config.verify_windows
+            )
+            judged = judged or verdict.judged
+            if verdict.why is not None:
+                why = (
+                    f"{arm} on the target, {target.rate:.2f} requests/s per pod, against "
+                    f"{back} before it at {verdict.reference_rate:.2f}: {verdict.why}"
+                )
+                await self._roll_back(dep, why, reason, infeasible=False, to=back)
+                return True
+        seen = (st.verify_seen or 0) + 1
+        n_judged = (st.verify_judged or 0) + int(judged)
+        if seen < self.config.verify_windows:
+            self.state = replace(self.state, verify_seen=seen, verify_judged=n_judged)
+            return False
+        if n_judged:
+            self._end_verification(
+                "True",
+                "HeldAfterPromotion",
+                f"{arm} held against {st.verify_predecessor} over {n_judged} of {seen} window(s) "
+                "on the target at a comparable load",
+            )
+            self._event("Verified", self.state.verified_message or "")
+        else:
+            self._end_verification(
+                "Unknown",
+                "LoadNotComparable",
+                f"{arm} could not be compared with {st.verify_predecessor}: none of its {seen} "
+                f"window(s) on the target ran at a load within {self.config.load_shift:g}x of "
+                "the reference windows",
+            )
+        return False
+
+    def _failed_to_start(self, dep: Deployment) -> str | None:
+        """Why the arm under verification cannot start on the target, or None: the
+        actuator found its rollout stuck (a crash loop, an out-of-memory, the progress
+        deadline passed), or it has rolled for longer than the readiness timeout."""
+        st = self.state
+        if st.verify_arm is None or st.verify_since_s is None:
+            return None
+        if dep.target_failure is not None:
+            return f"{st.verify_arm} cannot start on the target: {dep.target_failure}"
+        waited = self.clock.now() - st.verify_since_s
+        if dep.rolling and waited > self.config.ready_timeout_s:
+            return (
+                f"{st.verify_arm} did not become ready on the target in "
+                f"{self.config.ready_timeout_s:g}s"
+            )
+        return None
+
+    async def _roll_back(
+        self, dep: Deployment, why: str, reason: str, infeasible: bool, to: str | None = None
+    ) -> None:
+        """Put the target back on ``to`` (the predecessor by default), mark the verified arm
+        failing (``infeasible``: on every load), and go on searching."""
+        st = self.state
+        arm = st.verify_arm
+        back = to or st.verify_predecessor
+        if arm is None or back is None:
+            return
+        running = self._running()
+        if running is not None:
+            # Its incumbent leaves: the trial's pairing ends here.
+            outcome = Outcome.MEASURED if running.windows else Outcome.ABORTED
+            self._end_running(outcome, f"the target was rolled back to {back}")
+            await self.actuator.stop_canary()
+        await self.actuator.promote(parse_arm(back))
+        self.history = self.history.promoted(back).failed(arm, infeasible, why)
+        phase = st.phase
+        if phase in (Phase.MONITORING, Phase.DRIFTED):
+            phase = Phase.EXPLORING
+        message = f"rolled back to {back}: {why}"
+        self._end_verification("False", reason, message)
+        self.state = replace(self.state, phase=phase, trial_started_s=None)
+        self._event("RolledBack", message)
 
     # -- monitoring ---------------------------------------------------------------------------
 
     async def _monitor(self, dep: Deployment) -> None:
         w = await self._baseline_window(dep)
+        if await self._verify(dep, w):
+            return
         now = self.clock.now()
         inc = w.incumbent
         if inc is None:

@@ -48,6 +48,9 @@ class Deployment:
     routes
         A fingerprint of the traffic routes; a change re-opens the search. Empty when the
         body cannot tell.
+    target_failure
+        Why the target's own rollout cannot finish (a crash loop, an out-of-memory, the
+        progress deadline exceeded: the rollout is stuck), or ``None``.
     """
 
     incumbent: Arm
@@ -57,6 +60,7 @@ class Deployment:
     rolling: bool
     model_version: str
     routes: str = ""
+    target_failure: str | None = None
 
 
 class Actuator(Protocol):

@@ -171,7 +171,8 @@ class KubeActuator:
         incumbent = arm_from_spec(
             current_spec(target, self._container, self._engine), self._drafters
         )
-        rolling = classify_rollout(target, await self._pods(target)).readiness is Readiness.WAITING
+        rollout = classify_rollout(target, await self._pods(target))
+        rolling = rollout.readiness is Readiness.WAITING
         canary_arm: Arm | None = None
         ready = False
         failure = None
@@ -189,6 +190,7 @@ class KubeActuator:
             canary_failure=failure,
             rolling=rolling,
             model_version=model_version(target, self._container, self._engine),
+            target_failure=rollout.reason if rollout.readiness is Readiness.STUCK else None,
         )
 
     async def start_canary(self, arm: Arm) -> None:

@@ -51,6 +51,7 @@ __all__ = [
     "merge_conditions",
     "recommendation_of",
     "trials_of",
+    "verified_condition",
 ]
 
 MEMORY_VERSION = 1
@@ -60,6 +61,7 @@ _PHASES = {
     LoopPhase.EXPLORING: Phase.EXPLORING,
     LoopPhase.MONITORING: Phase.MONITORING,
     LoopPhase.DRIFTED: Phase.DRIFTED,
+    LoopPhase.VERIFYING: Phase.VERIFYING,
 }
 
 
@@ -103,8 +105,10 @@ def load_memory(doc: Mapping[str, Any] | None) -> Memory:
         v = raw[f.name]
         if f.name == "phase":
             values[f.name] = LoopPhase(v)
-        elif f.name in ("model_version", "routes"):
+        elif f.name in ("model_version", "routes") or f.type == "str | None":
             values[f.name] = None if v is None else str(v)
+        elif f.type == "int | None":
+            values[f.name] = None if v is None else int(v)
         else:
             values[f.name] = None if v is None else float(v)
     original = doc.get("original")
@@ -251,6 +255,18 @@ class ConditionUpdate:
     status: ConditionStatus
     reason: str
     message: str
+
+
+def verified_condition(state: ControllerState) -> ConditionUpdate | None:
+    """The ``Verified`` condition of the latest promotion (None before the first)."""
+    if state.verified_status is None:
+        return None
+    return ConditionUpdate(
+        "Verified",
+        ConditionStatus(state.verified_status),
+        state.verified_reason or "",
+        state.verified_message or "",
+    )
 
 
 def merge_conditions(

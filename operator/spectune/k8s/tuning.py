@@ -97,6 +97,7 @@ from spectune.k8s.projection import (
     build_status,
     findings_of,
     load_memory,
+    verified_condition,
 )
 from spectune.k8s.routes import RouteWatch, describe_move, encode_mix
 from spectune.k8s.series import canary_selector, target_selector
@@ -135,7 +136,9 @@ Claims = Callable[[str], Iterable[tuple[str, str]]]
 """``(creationTimestamp, name)`` of every SpecTuning of the namespace that names a Deployment
 and is not being deleted; the oldest one tunes it."""
 
-_WARNINGS = frozenset({"TrialAborted", "TrialInfeasible", "AcceptanceDrift", "HumanEdit"})
+_WARNINGS = frozenset(
+    {"TrialAborted", "TrialInfeasible", "AcceptanceDrift", "HumanEdit", "RolledBack"}
+)
 _CONFLICT_RETRIES = 5
 """Status writes tried in a row while they conflict (HTTP 409)."""
 _FORBIDDEN_RETRY_S = 5.0
@@ -1016,7 +1019,7 @@ class TuningLoop:
             if mix:
                 c.state = replace(c.state, routes=encode_mix(mix))
         conditions = [_cond("Ready", True, "Tuning", "tuning runs")]
-        phase = api_phase(b.controller.state.phase)
+        phase = api_phase(b.controller.state.shown_phase)
         if self._status.phase is not phase:
             # Say where the loop stands before a step that may take a whole window, and what
             # the target runs (the incumbent), so the first window's status is not blank.
@@ -1055,9 +1058,12 @@ class TuningLoop:
             return  # the next turn acts on it (suspend, mode, search, a new model ...)
         dep = b.actuator.last
         applied = dep.incumbent if dep is not None else None
+        verified = verified_condition(c.state)
+        if verified is not None:
+            conditions.append(verified)
         await self._write(
             StatusInputs(
-                phase=api_phase(c.state.phase),
+                phase=api_phase(c.state.shown_phase),
                 generation=gen,
                 now=_now(),
                 conditions=tuple(conditions),
@@ -1133,7 +1139,7 @@ class TuningLoop:
             )
         await self._write(
             StatusInputs(
-                phase=api_phase(b.controller.state.phase),
+                phase=api_phase(b.controller.state.shown_phase),
                 generation=self._generation,
                 now=_now(),
                 memory=self._memory(),

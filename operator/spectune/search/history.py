@@ -75,6 +75,9 @@ class History:
     promotions: tuple[tuple[int, str], ...] = field(default=())
     load_epochs: tuple[int, ...] = field(default=())
     """Epochs opened because the load moved: the model and routes, so acceptance, held."""
+    failures: tuple[tuple[int, str, bool, str], ...] = field(default=())
+    """``(epoch, arm, infeasible, why)`` for each arm rolled back from the target: worse
+    than its predecessor after a promotion, or unable to start there (``infeasible``)."""
 
     def in_epoch(self, epoch: int | None = None) -> tuple[TrialRecord, ...]:
         """The trials of one epoch (the current one by default)."""
@@ -119,6 +122,10 @@ class History:
         """The history with a promotion recorded."""
         return replace(self, promotions=(*self.promotions, (self.epoch, arm)))
 
+    def failed(self, arm: str, infeasible: bool, why: str) -> History:
+        """The history with an arm marked as failing on the target in this epoch."""
+        return replace(self, failures=(*self.failures, (self.epoch, arm, infeasible, why)))
+
     # -- serialisation (the SpecTuning status stores this) ----------------------------------
 
     def to_json(self) -> dict[str, Any]:
@@ -133,7 +140,10 @@ class History:
         baseline = tuple((int(e), _window(w)) for e, w in doc.get("baseline", ()))
         promotions = tuple((int(e), str(a)) for e, a in doc.get("promotions", ()))
         loads = tuple(int(e) for e in doc.get("load_epochs", ()))
-        return cls(trials, baseline, int(doc.get("epoch", 0)), promotions, loads)
+        failures = tuple(
+            (int(e), str(a), bool(i), str(w)) for e, a, i, w in doc.get("failures", ())
+        )
+        return cls(trials, baseline, int(doc.get("epoch", 0)), promotions, loads, failures)
 
 
 def _clean(v: Any) -> Any:

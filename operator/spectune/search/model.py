@@ -55,6 +55,7 @@ from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.objective import SMALL_BATCH_CHANGE, WindowStats, same_load, saturated
 from spectune.search.policy import SearchSpace
 from spectune.search.schedule import epoch_batch
+from spectune.search.verify import failing_arms
 
 __all__ = ["ArmBelief", "Beliefs", "build_beliefs"]
 
@@ -402,6 +403,9 @@ def build_beliefs(
     )
     now_b = paired[-1].incumbent.running if paired and paired[-1].incumbent else math.nan
 
+    for name, why in failing_arms(history).items():
+        if name != incumbent.name:
+            b.excluded[name] = why
     for t in epoch_trials:
         if t.outcome is Outcome.INFEASIBLE:
             b.excluded[t.arm] = f"could not start: {t.reason}"

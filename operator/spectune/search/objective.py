@@ -109,6 +109,14 @@ class WindowStats:
     """Lower 95 % bound of the TTFT p90 (read between the buckets, as Prometheus does)."""
     queue_p90_low: float = math.nan
     """Lower 95 % bound of the queue-time p90."""
+    ttft_p80_low: float = math.nan
+    """Lower 95 % bounds of lower TTFT and queue-time quantiles: what a guardrail reads when
+    a catch-up burst fills the p90's tail too (``search/spectune_policy.py``)."""
+    ttft_p70_low: float = math.nan
+    ttft_p50_low: float = math.nan
+    queue_p80_low: float = math.nan
+    queue_p70_low: float = math.nan
+    queue_p50_low: float = math.nan
     objective_bound: float = math.nan
     """Where the objective is the TPOT p95 and the histogram cannot place it inside its
     bucket, that bucket's upper edge (NaN otherwise): the p95 falls in the first bucket, or
@@ -309,6 +317,12 @@ def window_stats(obs: Observation, objective: Objective) -> WindowStats:
         ),
         ttft_p90_low=quantile_interval(obs.ttft, 0.90)[1],
         queue_p90_low=quantile_interval(obs.queue, 0.90)[1],
+        ttft_p80_low=quantile_interval(obs.ttft, 0.80)[1],
+        ttft_p70_low=quantile_interval(obs.ttft, 0.70)[1],
+        ttft_p50_low=quantile_interval(obs.ttft, 0.50)[1],
+        queue_p80_low=quantile_interval(obs.queue, 0.80)[1],
+        queue_p70_low=quantile_interval(obs.queue, 0.70)[1],
+        queue_p50_low=quantile_interval(obs.queue, 0.50)[1],
         objective_bound=bound,
         objective_floor=floor,
     )

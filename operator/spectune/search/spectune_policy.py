@@ -52,9 +52,10 @@ Guardrails close a trial within its first window when the canary's TTFT p95 or q
 p95 is worse than the incumbent's beyond the tolerance with confidence (the canary's lower
 bound above the incumbent's upper bound); the arm is never proposed again this epoch. In a
 trial's first window a balancer's catch-up burst large enough to be the canary's tail is
-set aside: the canary is judged on its p90s there (:func:`catch_up_burst`), or not at all
-when the burst fills the p90's tail too (:data:`UNJUDGED_SHARE`). An
-arm that cannot start excludes its drafter (its memory, not its ``k``, is the problem).
+set aside: the canary is judged on the quantile that is its p95 without the burst
+(:func:`burst_excluded_quantile`), and a trial none of whose windows could be judged so
+never ends measured (nor promoted). An arm that cannot start excludes its drafter (its
+memory, not its ``k``, is the problem).
 
 References
 ----------
@@ -71,11 +72,12 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.stats import beta as beta_dist
 
 from spectune.core import predict_speedup, tail_ratio
 from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
-from spectune.search.model import MEASURED_FLOOR, ArmBelief, Beliefs, build_beliefs
+from spectune.search.model import MEASURED_FLOOR, MODEL_PRIOR, ArmBelief, Beliefs, build_beliefs
 from spectune.search.objective import (
     SMALL_BATCH_CHANGE,
     Guardrails,
@@ -83,15 +85,21 @@ from spectune.search.objective import (
     WindowStats,
     saturated,
 )
-from spectune.search.policy import Decision, DecisionKind, Estimate, TuningContext
+from spectune.search.policy import Decision, DecisionKind, DrafterSpec, Estimate, TuningContext
 from spectune.search.schedule import epoch_batch, learned_schedule
 
 __all__ = [
     "SpectunePolicy",
+    "acceptance_rules_out",
+    "burst_excluded_quantile",
     "burst_share",
     "catch_up_burst",
     "guardrail_breach",
+    "guardrail_judgement",
+    "judged_windows",
+    "load_cost",
     "posterior_draws",
+    "unexplored_prior",
 ]
 
 #: An arm already tried this often in an epoch is not restarted again as a challenger.
@@ -107,6 +115,24 @@ MAX_WINDOWS_PER_TRIAL = 3
 #: beat it too.
 UNEXPLORED_GAIN = 0.41
 UNEXPLORED_SPREAD = 0.375
+#: Prior of a never-measured drafter's first-position acceptance α, by method: a Beta(a, b)
+#: per method family, with a per-position decay of :data:`PRIOR_DECAY`
+#: (:func:`unexplored_prior`). Sources: reference/anchors-2026.md's method table from the
+#: vLLM docs rates n-gram and suffix "low to medium" gain at low QPS where EAGLE, MTP and
+#: PARD are "high" and a draft model "high"; "Performance or Illusion?" (arXiv 2601.11580)
+#: finds n-gram best only on code editing (copying), EAGLE-3 best all round;
+#: reference/anchors.md: EAGLE-2 3.05–4.26× at batch 1, HedgeSpec's generalist EAGLE at
+#: 5.69 mean accepted tokens. So n-gram/suffix: mean 0.4 and wide (Beta(2, 3): its 95th
+#: percentile, 0.75, is copy-heavy traffic, where it wins); draft models 0.67 (Beta(6, 3));
+#: trained heads 0.75 (Beta(7.5, 2.5)); an unknown method Beta(2, 2).
+METHOD_ACCEPTANCE: dict[str, tuple[float, float]] = {
+    "ngram": (2.0, 3.0), "n_gram": (2.0, 3.0), "suffix": (2.0, 3.0),
+    "draft_model": (6.0, 3.0), "parallel_draft_model": (6.0, 3.0),
+    "eagle": (7.5, 2.5), "eagle3": (7.5, 2.5), "mtp": (7.5, 2.5), "medusa": (7.5, 2.5),
+    "mlp": (7.5, 2.5),
+}  # fmt: skip
+UNKNOWN_METHOD_ACCEPTANCE = (2.0, 2.0)
+PRIOR_DECAY = 0.95
 #: Loads within this factor are one regime when learning a per-batch-size table (the
 #: controller's default load-shift factor).
 LOAD_FACTOR = 1.6
@@ -115,10 +141,13 @@ SAMPLES = 4000
 #: Share of a canary's first-window requests from the balancer's catch-up burst at which
 #: the burst fills half of the 5 % tail a p95 reads (:func:`catch_up_burst`).
 CATCH_UP_SHARE = 0.025
-#: ...and at which it fills half of the 10 % tail a p90 reads as well: no quantile the
-#: window reports can set the burst aside, so its guardrails are not judged (the next
-#: window's are).
-UNJUDGED_SHARE = 2 * CATCH_UP_SHARE
+#: Quantiles a guardrail reads in a first window whose catch-up burst is set aside
+#: (:func:`burst_excluded_quantile`), highest first; the window's figures carry each one's
+#: lower bound.
+BURST_QUANTILES = (0.95, 0.90, 0.80, 0.70, 0.50)
+#: Fewest canary requests left once a burst is set aside for the window to be judged on them
+#: (the order-statistic interval of a quantile of fewer is wider than any tolerance).
+MIN_JUDGED_REQUESTS = 20
 #: Seconds added to a tolerance so that a p95 near zero (no queueing) cannot "regress" on
 #: noise: the resolution of vLLM's smallest latency buckets.
 ABSOLUTE_SLACK_S = 0.01
@@ -157,59 +186,210 @@ def _evidence(t: TrialRecord) -> tuple[float, float]:
     )
 
 
+def burst_excluded_quantile(can: WindowStats, inc: WindowStats) -> float | None:
+    """The quantile of a canary's first window that is its p95 without the catch-up burst,
+    read as the highest of :data:`BURST_QUANTILES` at or below it; None when too few
+    requests are left to judge (:data:`MIN_JUDGED_REQUESTS`).
+
+    The burst is the canary's first requests up to its share of outstanding requests
+    (:func:`burst_share`: about the incumbent's running batch per canary pod). They are
+    taken to be its slowest: then the p95 of the other ``n − B`` requests is the quantile
+    ``0.95 · (1 − B/n)`` of all ``n``, and a lower quantile reads lower still, so the
+    canary is given the benefit of every doubt the burst raises and is still judged. Below
+    :data:`CATCH_UP_SHARE` nothing is set aside (the p95 as it is).
+    """
+    share = burst_share(can, inc)
+    if share < CATCH_UP_SHARE:
+        return 0.95
+    if can.requests * (1 - share) < MIN_JUDGED_REQUESTS:
+        return None
+    q = 0.95 * (1 - share)
+    return next((r for r in BURST_QUANTILES if r <= q + 1e-12), None)
+
+
+def _low(s: WindowStats, label: str, q: float) -> float:
+    """The lower 95 % bound of ``s``'s TTFT or queue-time quantile ``q`` (NaN if unknown)."""
+    name = "ttft" if label == "TTFT" else "queue"
+    return float(getattr(s, f"{name}_p{round(q * 100)}_low"))
+
+
 def _unjudged(t: TrialRecord) -> str:
-    """What a trial's record says when its first window was not judged on guardrails
-    (:data:`UNJUDGED_SHARE`); empty otherwise."""
+    """What a trial's record says when its first window had a catch-up burst set aside, or
+    could not be judged on guardrails at all (:func:`burst_excluded_quantile`); empty
+    otherwise."""
     first = t.windows[0] if t.windows else None
     if first is None or first.canary is None or first.incumbent is None:
         return ""
     share = burst_share(first.canary, first.incumbent)
-    if share < UNJUDGED_SHARE:
+    q = burst_excluded_quantile(first.canary, first.incumbent)
+    if q == 0.95:
         return ""
+    if q is None:
+        return (
+            f"guardrails not judged in the first window: the balancer's catch-up burst was "
+            f"about {share:.0%} of its requests, too few were left"
+        )
     return (
-        f"guardrails not judged in the first window: the balancer's catch-up burst was "
-        f"about {share:.0%} of its requests"
+        f"guardrails judged on the p{round(q * 100)} in the first window: the balancer's "
+        f"catch-up burst, about {share:.0%} of its requests, set aside"
     )
 
 
-def guardrail_breach(
+def guardrail_judgement(
     can: WindowStats, inc: WindowStats, g: Guardrails, first: bool = False
-) -> str | None:
-    """Why the canary breaks a guardrail against the incumbent in this window, or None.
+) -> tuple[bool, str | None]:
+    """Whether the window could be judged on guardrails, and why the canary breaks one
+    against the incumbent (None: it does not).
 
-    ``first``: the trial's first window. When it holds a catch-up burst
-    (:func:`catch_up_burst`), the canary is judged on its p90s against the incumbent's
-    p95s: the burst, at most the top few percent of its requests, is set aside. A burst of
-    :data:`UNJUDGED_SHARE` or more fills the p90's tail too (a saturated service runs
-    hundreds of requests per pod: load-ramp at 10 requests/s sent a new pod 238 at once,
-    a quarter of its window), and that window is not judged: its p90 says how the burst
-    went, and aborting on it would exclude ``off`` where ``off`` is the answer.
+    ``first``: the trial's first window. A catch-up burst there (:func:`catch_up_burst`)
+    is set aside, never left unjudged: the canary is judged on the quantile that is its p95
+    without the burst (:func:`burst_excluded_quantile`) against the incumbent's p95. A
+    saturated service runs hundreds of requests per pod (load-ramp at 10 requests/s sent a
+    new pod 238 at once, a quarter of its window); without its burst, that window still
+    says how the arm serves the rest. Only a window the burst nearly fills is not judged.
     """
-    if first and burst_share(can, inc) >= UNJUDGED_SHARE:
-        return None
-    burst = first and catch_up_burst(can, inc)
+    q = burst_excluded_quantile(can, inc) if first else 0.95
+    if q is None:
+        return False, None
     checks = (
-        ("TTFT", g.max_ttft_p95_regression, can.ttft_p90_low if burst else can.ttft_p95_low,
-         inc.ttft_p95_high, can.ttft_p95, inc.ttft_p95),
-        ("queue", g.max_queue_p95_regression, can.queue_p90_low if burst else can.queue_p95_low,
-         inc.queue_p95_high, can.queue_p95, inc.queue_p95),
-    )  # fmt: skip
-    for label, tol, can_low, inc_high, can_v, inc_v in checks:
+        ("TTFT", g.max_ttft_p95_regression, inc.ttft_p95_high, can.ttft_p95, inc.ttft_p95),
+        ("queue", g.max_queue_p95_regression, inc.queue_p95_high, can.queue_p95, inc.queue_p95),
+    )
+    for label, tol, inc_high, can_v, inc_v in checks:
+        can_low = _low(can, label, q)
         if tol is None or math.isnan(can_low) or math.isnan(inc_high):
             continue
         line = inc_high * (1 + tol) + ABSOLUTE_SLACK_S
         if can_low <= line:
             continue
-        if burst:
-            return (
-                f"{label} p90 at least {can_low:.3f}s with the balancer's catch-up burst of "
-                f"the first window set aside (p95 {can_v:.3f}s) vs incumbent p95 "
-                f"{inc_v:.3f}s: beyond +{tol:.0%} with confidence"
+        if q < 0.95:
+            return True, (
+                f"{label} p{round(q * 100)} at least {can_low:.3f}s with the balancer's "
+                f"catch-up burst of the first window set aside (p95 {can_v:.3f}s) vs "
+                f"incumbent p95 {inc_v:.3f}s: beyond +{tol:.0%} with confidence"
             )
-        return (
+        return True, (
             f"{label} p95 {can_v:.3f}s vs incumbent {inc_v:.3f}s: beyond +{tol:.0%} with confidence"
         )
-    return None
+    return True, None
+
+
+def guardrail_breach(
+    can: WindowStats, inc: WindowStats, g: Guardrails, first: bool = False
+) -> str | None:
+    """Why the canary breaks a guardrail against the incumbent in this window, or None
+    (:func:`guardrail_judgement`)."""
+    return guardrail_judgement(can, inc, g, first)[1]
+
+
+def judged_windows(t: TrialRecord, g: Guardrails) -> int:
+    """How many of a trial's windows were judged on guardrails (both sides measured, and
+    not a first window its catch-up burst nearly fills)."""
+    n = 0
+    for i, w in enumerate(t.windows):
+        if w.canary is not None and w.incumbent is not None:
+            n += guardrail_judgement(w.canary, w.incumbent, g, i == 0)[0]
+    return n
+
+
+def _best_ratio(alpha: float, decay: float, cost: float, max_k: int) -> tuple[int, float]:
+    """The k ≤ ``max_k`` with the lowest per-token latency relative to ``off`` for a
+    geometric acceptance curve (α, decay) at draft cost ``cost`` per drafted position, and
+    that ratio ``(1 + c·k) / E(k)``."""
+    best, ratio, e, surv = 1, math.inf, 1.0, 1.0
+    for k in range(1, max_k + 1):
+        surv *= alpha * decay ** (k - 1)
+        e += surv
+        r = (1 + cost * k) / e
+        if r < ratio:
+            best, ratio = k, r
+    return best, ratio
+
+
+def load_cost(beliefs: Beliefs, ctx: TuningContext) -> float:
+    """What a drafted position costs at this load, relative to a plain step: the lowest
+    draft cost measured at it (``Beliefs.costs``: verification of ``b(k+1)`` tokens grows
+    with the batch, so a cost measured here carries the load), else the cost assumed until
+    one is measured."""
+    costs = [c for c in beliefs.costs.values() if math.isfinite(c)]
+    return min(costs) if costs else ctx.assumed_draft_cost
+
+
+def unexplored_prior(
+    spec: DrafterSpec, beliefs: Beliefs, ctx: TuningContext
+) -> tuple[Arm, float, float]:
+    """The arm to try first of a drafter whose acceptance was never measured, and its prior
+    log objective ratio to the incumbent (mean, spread).
+
+    The method's acceptance prior (:data:`METHOD_ACCEPTANCE`) is priced by the model at
+    this load (:func:`load_cost`), relative to ``off``'s belief: for each of nine quantiles
+    of α, the best k's latency ratio ``(1 + c·k)/E(k)``. The prior's mean is the median's
+    log ratio and its spread puts the 5th percentile of α's best case at −1.645 spreads:
+    the challenger rule (P(beats the leader by ε) ≥ δ) then tries the drafter only when
+    the model gives it a real chance at this load — a poor n-gram at a load where each
+    drafted position costs half a step has none, a trained head at light load a large one.
+    The arm tried is the largest k: one window of its counters prices every shorter k, and
+    :func:`acceptance_rules_out` ends the trial after that window when they leave no chance
+    (the largest k costs users most exactly where drafting is dear, for one window).
+    """
+    a, b = METHOD_ACCEPTANCE.get(spec.method, UNKNOWN_METHOD_ACCEPTANCE)
+    cost = load_cost(beliefs, ctx)
+    off = beliefs.arms.get(OFF.name)
+    base = off.loss if off is not None else 0.0
+    logs = []
+    for q in (0.05, 0.5, 0.95):
+        alpha = float(beta_dist.ppf(q, a, b))
+        logs.append(_best_ratio(alpha, PRIOR_DECAY, cost, spec.max_k))
+    median = math.log(logs[1][1])
+    best = math.log(logs[2][1])
+    spread = max((median - best) / 1.645, MODEL_PRIOR)
+    return Arm(spec.name, spec.max_k), base + median, spread
+
+
+def acceptance_rules_out(ctx: TuningContext, history: History, running: TrialRecord) -> str | None:
+    """Why the running trial of a drafter first measured in it should end now, or None.
+
+    One window of its counters prices every k up to the trial's (the survival curve): with
+    the draft cost at this load (:func:`load_cost`) the model's best k of that curve,
+    relative to ``off``, either still has a chance (probability δ, at the model's own
+    error :data:`~spectune.search.model.MODEL_PRIOR`) of beating the leader by ε, or not;
+    if not, the trial's further windows could only cost users and change nothing.
+    """
+    arm = parse_arm(running.arm)
+    d = arm.drafter
+    if d is None or arm.schedule is not None:
+        return None
+    earlier = [t for t in history.trials if t is not running and t.epoch in
+               history.acceptance_epochs()]  # fmt: skip
+    if any(parse_arm(t.arm).drafter == d and t.windows for t in earlier):
+        return None
+    if ctx.incumbent.drafter == d:
+        return None
+    minimise = ctx.objective.metric.minimise
+    beliefs = build_beliefs(ctx.space, history, ctx.incumbent, minimise, ctx.min_requests)
+    surv = beliefs.survival.get(d)
+    off = beliefs.arms.get(OFF.name)
+    leader = _leader(beliefs, measured_only=True)
+    if surv is None or len(surv) == 0 or off is None or leader is None:
+        return None
+    if leader.name == running.arm:
+        return None  # its own window already puts it ahead: nothing to rule out
+    cost = load_cost(beliefs, ctx)
+    e, best = 1.0, math.inf
+    for k in range(1, len(surv) + 1):
+        e += float(np.clip(surv[k - 1], 0.0, 1.0))
+        best = min(best, (1 + cost * k) / e)
+    loss = off.loss + math.log(best)
+    line = beliefs.arms[leader.name].loss - math.log(1 + ctx.epsilon)
+    chance = 0.5 * math.erfc((loss - line) / MODEL_PRIOR / math.sqrt(2))
+    if chance >= ctx.delta:
+        return None
+    return (
+        f"its measured acceptance (P(L≥1) = {float(surv[0]):.2f}) at this load's draft cost "
+        f"c = {cost:.2f} puts its best k at {math.exp(loss):.2f}× the incumbent's "
+        f"{ctx.objective.metric.value}: P(beats {leader.name} by {ctx.epsilon:.0%}) = "
+        f"{chance:.3f}; ending the trial"
+    )
 
 
 class SpectunePolicy:
@@ -225,14 +405,20 @@ class SpectunePolicy:
         if running is not None and running.windows:
             verdict = self._close(ctx, running)
             if verdict is None:
+                out = acceptance_rules_out(ctx, history, running)
+                if out is not None:
+                    return self._next(ctx, history, Outcome.MEASURED, f"{running.arm}: {out}", None)
                 requests, drafted = _evidence(running)
                 seen = f"{requests:.0f} canary requests"
                 if not math.isnan(drafted):
                     seen += f" and {drafted:.0f} drafted tokens (minDrafts {ctx.min_drafts})"
+                why = f"too little evidence so far ({seen})"
+                if judged_windows(running, ctx.objective.guardrails) == 0:
+                    why = _unjudged(running) or "no window judged on guardrails yet"
                 return Decision(
                     DecisionKind.TRIAL,
                     parse_arm(running.arm),
-                    f"{running.arm}: too little evidence so far ({seen}); measuring another window",
+                    f"{running.arm}: {why}; measuring another window",
                 )
             end, why = verdict
             if end is Outcome.ABORTED:
@@ -256,8 +442,16 @@ class SpectunePolicy:
         short = requests < ctx.min_requests or (
             parse_arm(t.arm).drafter is not None and drafted < ctx.min_drafts
         )
-        if short and len(t.windows) < MAX_WINDOWS_PER_TRIAL:
+        # A trial never ends measured, and so never in a promotion, without a window
+        # judged on its guardrails.
+        unjudged = judged_windows(t, ctx.objective.guardrails) == 0
+        if (short or unjudged) and len(t.windows) < MAX_WINDOWS_PER_TRIAL:
             return None
+        if unjudged:
+            return Outcome.ABORTED, (
+                f"no window of its {len(t.windows)} could be judged on guardrails (the "
+                "balancer's catch-up burst filled them)"
+            )
         return Outcome.MEASURED, f"{len(t.windows)} window(s), {requests:.0f} canary requests"
 
     # -- the next arm ----------------------------------------------------------------------
@@ -339,16 +533,15 @@ class SpectunePolicy:
         for d in ctx.space.drafters:
             if d.name in bad_drafters:
                 continue
+            mean, spread = prior, UNEXPLORED_SPREAD
             if d.name in beliefs.unexplored_drafters:
-                arm = Arm(d.name, d.max_k)
+                arm, mean, spread = unexplored_prior(d, beliefs, ctx)
             elif d.name in beliefs.survival and d.name not in priced:
                 arm = Arm(d.name, math.ceil(d.max_k / 2))
             else:
                 continue
             if arm.name not in tried and arm.name not in beliefs.excluded:
-                beliefs.arms[arm.name] = ArmBelief(
-                    arm, prior, UNEXPLORED_SPREAD, False, 0, math.nan, math.nan
-                )
+                beliefs.arms[arm.name] = ArmBelief(arm, mean, spread, False, 0, math.nan, math.nan)
 
         # 2. The leader: the best measured arm (the incumbent counts as measured). Unmeasured
         # arms only ever challenge it: nothing is promoted on a prediction alone.

@@ -15,6 +15,7 @@ from spectune.bench.scoring import (
     p95_interval,
     recovery_seconds,
     score_windows,
+    worse_seconds,
 )
 from spectune.search.objective import Metric
 
@@ -128,3 +129,33 @@ def test_recovery_is_the_time_until_the_served_arms_stay_within_the_threshold():
     # Never back by the phase's end (a rollout ending after it does not count).
     assert recovery_seconds(1800, 3600, [(0, "old"), (3700, "good")], eff) is None
     assert recovery_seconds(1800, 3600, [(0, "old"), (2000, "good"), (3000, "bad")], eff) is None
+
+
+def spread_table(start: float, end: float, tpot: float, n: int = 300) -> RequestTable:
+    """n requests finished evenly over [start, end), TPOTs spread ±20 % around ``tpot``."""
+    f = np.linspace(start, end, n, endpoint=False)
+    values = tpot * (0.8 + 0.4 * ((np.arange(n) * 7919) % n) / n)
+    return RequestTable(f, values, np.full(n, 0.2), np.full(n, 0.01), np.full(n, 1.0),
+                        np.full(n, 10.0))  # fmt: skip
+
+
+def test_seconds_worse_than_initial_count_only_what_was_served_worse_after_a_promotion():
+    runs = {
+        "initial": spread_table(0, 1200, 0.020),
+        "worse": spread_table(0, 1200, 0.030),
+        "better": spread_table(0, 1200, 0.015),
+        "alike": spread_table(0, 1200, 0.0201),
+    }
+    phases = [(0.0, 1200.0)]
+
+    def worse(served: list[tuple[float, str]], first: float | None) -> float:
+        return worse_seconds(served, first, runs.__getitem__, "initial", Metric.TPOT_P95,
+                             phases, 300)  # fmt: skip
+
+    assert worse([(0.0, "initial")], None) == 0
+    # Promoted at 450 s, rolled back at 900 s.
+    served = [(0.0, "initial"), (450.0, "worse"), (900.0, "initial")]
+    assert worse(served, 450.0) == 450.0
+    assert worse([(0.0, "initial"), (450.0, "better")], 450.0) == 0
+    # Within the noise of the same requests: not worse with confidence.
+    assert worse([(0.0, "initial"), (450.0, "alike")], 450.0) == 0

@@ -26,8 +26,8 @@ from spectune.engines import Dialect
 from spectune.errors import WindowCutError
 from spectune.metrics import Histogram, Observation, SpecCounts
 from spectune.search.arms import Arm, parse_arm
-from spectune.search.history import History, Outcome
-from spectune.search.objective import Objective, saturated
+from spectune.search.history import History, Outcome, WindowRecord
+from spectune.search.objective import Objective, saturated, window_stats
 from spectune.search.policy import DrafterSpec, SearchSpace
 from spectune.search.spectune_policy import SpectunePolicy
 from tests.unit.search.test_spectune_policy import FakeWorld
@@ -92,13 +92,27 @@ class FakeFleet:
     """Share of each of a canary's windows its metrics cover, in order from its first
     (``Observation.covered``: Prometheus scraped a new pod late); None after these."""
     canary_windows: int = 0
+    target_slowdown: dict[str, float] = field(default_factory=dict)
+    """Per drafter, how much slower its per-token latency is on the target's pods than on
+    the canary's (what a trial could not see)."""
+    target_crashes: set[str] = field(default_factory=set)
+    """Arms whose pods crash-loop when the target is rolled onto them."""
+    target_never_ready: set[str] = field(default_factory=set)
+    """Arms whose rollout on the target never finishes (readiness never reached)."""
 
     async def deployment(self) -> Deployment:
         failure = None
         if self.canary is not None and self.canary.name in self.infeasible:
             failure = "CUDA out of memory while loading the drafter"
         ready = self.canary is not None and failure is None and self.clock.t >= self.canary_ready_at
-        return Deployment(self.incumbent, self.canary, ready, failure, False, self.model_version)
+        crash = None
+        if self.incumbent.name in self.target_crashes:
+            crash = "pod target-1: CrashLoopBackOff back-off 5m0s restarting failed container"
+        rolling = self.incumbent.name in self.target_never_ready
+        return Deployment(
+            self.incumbent, self.canary, ready, failure, rolling, self.model_version,
+            target_failure=crash,
+        )  # fmt: skip
 
     async def start_canary(self, arm: Arm) -> None:
         self.starts.append(arm.name)
@@ -153,6 +167,10 @@ class FakeFleet:
 
     def _target(self, window_s: float, share: float, queue_s: float | None = None) -> Observation:
         obs = self._obs(self.incumbent, window_s, share, queue_s)
+        slow = self.target_slowdown.get(self.incumbent.drafter or "off")
+        if slow is not None and obs.tpot is not None:
+            t = self.world.tpot(self.incumbent) * slow
+            obs = replace(obs, tpot=fake_hist(t, obs.tpot.count))
         return replace(obs, pods=tuple(f"p{i}" for i in range(self.target_pods)))
 
 
@@ -232,10 +250,13 @@ def test_a_first_trial_window_prometheus_saw_little_of_is_measured_again_once() 
 
 def test_a_canary_that_cannot_start_is_infeasible_and_skipped() -> None:
     clock = FakeClock()
-    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/5"), infeasible={"ngram/8"})
+    ngrams = {f"ngram/{k}" for k in range(1, 9)}
+    # eagle3 accepts little here: ngram's prior gives it a chance against off, so it is tried.
+    world = FakeWorld({"eagle3": (0.3, 0.8, 0.35), "ngram": (0.9, 0.99, 0.01)})
+    fleet = FakeFleet(world, clock, parse_arm("off"), infeasible=ngrams)
     c, events = make(fleet, clock)
     run_until(c, lambda: c.state.phase is Phase.MONITORING)
-    ngram = [t for t in c.history.in_epoch() if t.arm == "ngram/8"]
+    ngram = [t for t in c.history.in_epoch() if t.arm in ngrams]
     assert ngram and ngram[0].outcome is Outcome.INFEASIBLE
     assert "out of memory" in ngram[0].reason
     assert any(e.reason == "TrialInfeasible" for e in events)
@@ -556,3 +577,111 @@ def test_a_promoted_arm_with_a_smaller_kv_pool_runs_alone_before_the_next_trial(
     fleet, c, starts = promoted_then_next_step(drafter_blocks=400)
     assert len(fleet.starts) == starts
     assert c.history.baseline_windows()[-1].incumbent_arm == fleet.promotions[0]
+
+
+# -- post-promotion verification, the floor, promotions that cannot start -------------------
+
+
+def windows_on_target(c: Controller, arm: str, start: float, end: float) -> int:
+    """Windows in [start, end] in which the target ran ``arm``."""
+    windows = [w for _, w in c.history.baseline]
+    windows += [w for t in c.history.trials for w in t.windows]
+    return sum(1 for w in windows if w.incumbent_arm == arm and start <= w.start_s <= end)
+
+
+def test_a_promoted_arm_worse_on_the_target_is_rolled_back_and_not_promoted_again() -> None:
+    # eagle3 wins on the canary but is four times slower per token on the target's pods:
+    # worse than `off` there. Every eagle3 arm promoted is rolled back within its
+    # verification windows, never promoted again, and the search ends off eagle3.
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("off"), target_slowdown={"eagle3": 4.0})
+    c, events = make(fleet, clock)
+    run_until(c, lambda: any(e.reason == "RolledBack" for e in events))
+    back = next(e for e in events if e.reason == "RolledBack")
+    bad = fleet.promotions[-2]
+    predecessor = fleet.promotions[-3] if len(fleet.promotions) >= 3 else "off"
+    assert bad.startswith("eagle3/") and fleet.incumbent.name == predecessor
+    assert c.state.verified_status == "False"
+    assert c.state.verified_reason == "RegressedAfterPromotion"
+    assert "tpotP95" in back.message and f"rolled back to {predecessor}" in back.message
+    promoted_at = next(
+        e.at_s for e in events if e.reason == "Promoted" and e.message.startswith(bad)
+    )
+    assert 1 <= windows_on_target(c, bad, promoted_at, back.at_s) <= c.config.verify_windows
+    assert [a for _, a, _, _ in c.history.failures] == [bad]
+    run_until(c, lambda: c.state.phase is Phase.MONITORING and c.state.verify_arm is None)
+    after = fleet.promotions[len(fleet.promotions[: fleet.promotions.index(bad) + 2]) :]
+    assert bad not in after
+    assert fleet.incumbent.drafter != "eagle3"
+    # Without verification the same world ends on the eagle3 arm the trials liked.
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("off"), target_slowdown={"eagle3": 4.0})
+    c, events = make(fleet, clock, verify_windows=0)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    assert fleet.incumbent.drafter == "eagle3"
+
+
+def test_a_promotion_that_holds_is_verified_after_its_windows() -> None:
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
+    c, events = make(fleet, clock)
+    run_until(c, lambda: bool(fleet.promotions))
+    assert c.state.shown_phase is Phase.VERIFYING and c.state.verified_reason == "Verifying"
+    run_until(c, lambda: c.state.phase is Phase.MONITORING and c.state.verify_arm is None)
+    assert c.state.verified_status == "True" and c.state.verified_reason == "HeldAfterPromotion"
+    assert c.state.shown_phase is Phase.MONITORING
+    assert not [e for e in events if e.reason == "RolledBack"]
+    assert any(e.reason == "Verified" for e in events)
+
+
+def test_an_arm_below_the_initial_setting_is_not_kept_whatever_its_predecessor() -> None:
+    # The predecessor (ngram/2) never ran on the target at a comparable load, so only the
+    # floor — eagle3/8, what the target ran when tuning began — can judge eagle3/3 there.
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/3"), target_slowdown={"eagle3": 1.0})
+    c, _ = make(fleet, clock)
+    floor = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
+    w = WindowRecord(0.0, 300.0, window_stats(floor._target(300, 1.0), Objective()), None,
+                     "eagle3/8")  # fmt: skip
+    c.history = History().add_baseline(w)
+    clock.t = 3000.0
+    fleet.target_slowdown = {"eagle3": 3.0}
+    c.state = replace(
+        c.state, phase=Phase.MONITORING, model_version="v1", floor_arm="eagle3/8",
+        verify_arm="eagle3/3", verify_predecessor="ngram/2", verify_since_s=2000.0,
+        verify_seen=0, verify_judged=0,
+    )  # fmt: skip
+    asyncio.run(c.step())
+    assert fleet.incumbent.name == "eagle3/8"
+    assert c.state.verified_reason == "BelowInitialSetting"
+    assert c.history.failures[-1][1] == "eagle3/3"
+
+
+def test_a_promotion_that_cannot_start_on_the_target_is_rolled_back_and_infeasible() -> None:
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("off"))
+    fleet.target_crashes = {a.name for a in SPACE.arms() if a.drafter == "eagle3"}
+    c, events = make(fleet, clock)
+    run_until(c, lambda: any(e.reason == "RolledBack" for e in events))
+    bad = fleet.promotions[-2]
+    back = next(e for e in events if e.reason == "RolledBack")
+    promoted = next(e for e in events if e.reason == "Promoted" and e.message.startswith(bad))
+    assert back.at_s == promoted.at_s  # the next look at the target, no window first
+    assert fleet.incumbent.name == (fleet.promotions[-3] if len(fleet.promotions) > 2 else "off")
+    assert c.state.verified_reason == "PromotionFailedToStart"
+    assert "CrashLoopBackOff" in back.message
+    assert c.history.failures[-1][1:3] == (bad, True)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING and c.state.verify_arm is None)
+    assert fleet.promotions.count(bad) == 1
+    # A rollout that never becomes ready is rolled back once the readiness timeout passes.
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("off"))
+    fleet.target_never_ready = {a.name for a in SPACE.arms() if a.drafter == "eagle3"}
+    c, events = make(fleet, clock, ready_timeout_s=900)
+    run_until(c, lambda: any(e.reason == "RolledBack" for e in events))
+    back = next(e for e in events if e.reason == "RolledBack")
+    bad = fleet.promotions[-2]
+    promoted = next(e for e in events if e.reason == "Promoted" and e.message.startswith(bad))
+    assert 900 < back.at_s - promoted.at_s <= 900 + c.config.poll_s
+    assert "did not become ready on the target in 900s" in back.message
+    assert c.state.verified_reason == "PromotionFailedToStart"

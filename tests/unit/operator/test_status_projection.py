@@ -14,10 +14,12 @@ from spectune.k8s.projection import (
     Memory,
     StatusInputs,
     acceptance_of,
+    api_phase,
     build_status,
     load_memory,
     merge_conditions,
     recommendation_of,
+    verified_condition,
 )
 from spectune.search.arms import OFF, Arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
@@ -143,3 +145,24 @@ def test_a_step_without_news_keeps_the_previous_recommendation() -> None:
     )
     assert again["recommendation"] == doc["recommendation"]
     assert again["applied"] == {"drafter": "off", "k": 0, "arm": "off", "fingerprint": "abc"}
+
+
+def test_a_verification_in_progress_survives_a_restart_and_shows_in_phase_and_condition() -> None:
+    state = ControllerState(
+        phase=LoopPhase.EXPLORING, floor_arm="off", verify_arm="eagle3/3",
+        verify_predecessor="off", verify_since_s=900.0, verify_seen=1, verify_judged=1,
+        verified_status="Unknown", verified_reason="Verifying", verified_message="comparing",
+    )  # fmt: skip
+    history = _history().failed("ngram/8", False, "worse").failed("draft/4", True, "OOM")
+    memory = Memory(history, state, original="off")
+    doc = build_status(
+        SpecTuningStatus(), StatusInputs(phase=api_phase(state.shown_phase), generation=2,
+                                          now=T0, memory=memory)
+    )  # fmt: skip
+    assert doc["phase"] == "Verifying"
+    back = load_memory(parse_status(doc).history)
+    assert back.state == state and back.history.failures == history.failures
+    cond = verified_condition(back.state)
+    assert cond is not None and cond.status is ConditionStatus.UNKNOWN
+    assert cond.reason == "Verifying"
+    assert verified_condition(ControllerState()) is None
