@@ -29,8 +29,11 @@ from spectune.api.validation import (
     field_error,
     validate_body,
 )
+from spectune.durations import parse_duration
 
 __all__ = [
+    "MAX_NAME",
+    "MIN_WINDOW_S",
     "MODEL_METHODS",
     "NO_MODEL_METHODS",
     "Drafter",
@@ -62,6 +65,17 @@ _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])
 _DRAFTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 MAX_DRAFTERS = 16
 MAX_K = 16
+MIN_WINDOW_S = 30.0
+"""Shortest ``search.window``, seconds (the spec's value, before any time scale).
+
+A window is the unit the operator pays for: every window costs a Prometheus query or a
+scrape of every pod, a status write and a step of the policy, per SpecTuning. A shorter one
+also measures nothing: vLLM's counters are scraped every 15-30 s, so a window under 30 s
+can hold no new sample at all, and a p95 of the few requests it sees is noise.
+"""
+MAX_NAME = 63
+"""Longest SpecTuning name: it is the value of the ``spectune.io/spectuning`` label on every
+canary, and a label value holds at most 63 characters."""
 
 
 class Engine(enum.StrEnum):
@@ -376,8 +390,35 @@ class SearchSpec(ApiModel):
         description="Replicas of each canary Deployment (canary strategy only). Default 1.",
     )
     window: Duration = Field(
-        "5m", description="Length of one measurement window per trial, a duration. Default 5m."
+        "5m",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                # The Duration type's own rule (this list replaces the type's).
+                {"rule": "self.matches('[1-9]')", "message": "must be a positive duration"},
+                {
+                    # CEL reads Go durations; one written with days ("d") is checked by the
+                    # operator only (it is at least a day unless its digits are all zero).
+                    "rule": "self.contains('d') || duration(self) >= duration('30s')",
+                    "message": "must be at least 30s (one scrape interval of the engine's "
+                    "counters); write e.g. 1m or 5m",
+                },
+            ]
+        },
+        description=(
+            "Length of one measurement window per trial, a duration of at least 30s. Default 5m."
+        ),
     )
+
+    @field_validator("window")
+    @classmethod
+    def _long_enough(cls, window: str) -> str:
+        if parse_duration(window) < MIN_WINDOW_S:
+            raise ValueError(
+                f"{window!r} is shorter than the minimum {MIN_WINDOW_S:g}s (one scrape interval "
+                "of the engine's counters); write e.g. 1m or 5m"
+            )
+        return window
+
     min_drafts: int = Field(
         20000,
         ge=0,
@@ -679,6 +720,15 @@ def parse_spec(body: Mapping[str, Any]) -> SpecTuningSpec:
             problems.append(FieldProblem("kind", f"must be {KIND}"))
         if "spec" not in body:
             problems.append(FieldProblem("spec", "required"))
+        name = (body.get("metadata") or {}).get("name")
+        if isinstance(name, str) and len(name) > MAX_NAME:
+            problems.append(
+                FieldProblem(
+                    "metadata.name",
+                    f"at most {MAX_NAME} characters, got {len(name)}: it is the value of the "
+                    "spectune.io/spectuning label on every canary; pick a shorter name",
+                )
+            )
         if problems:
             raise InvalidSpecError(problems)
         body = body["spec"]

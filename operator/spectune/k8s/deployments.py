@@ -9,7 +9,9 @@ Conventions (documented for users in the README):
 * a canary is a Deployment ``<target>-spt-<arm-slug>`` whose pod template keeps every label
   of the target's template (so the target's Service sends it live traffic in proportion to
   its replicas) and adds ``spectune.io/role=canary``; its own selector adds that label too;
-* every object the operator creates carries an ownerReference to its SpecTuning;
+* every object the operator creates carries an ownerReference to its SpecTuning and the
+  fingerprint annotation; a Deployment that carries the canary labels without both is not
+  the operator's (:func:`owned_by`), and is never deleted or patched;
 * the annotation ``spectune.io/fingerprint`` holds the fingerprint of the speculative
   setting the operator last applied; a target whose args no longer match it was edited by
   a human, and tuning pauses instead of overwriting the edit.
@@ -44,9 +46,11 @@ __all__ = [
     "canary_name",
     "container_argv",
     "current_spec",
+    "edit_guard",
     "fingerprint",
     "human_edit",
     "model_version",
+    "owned_by",
     "promote_patch",
     "spec_config_for",
 ]
@@ -181,6 +185,20 @@ def canary_name(target: str, arm: Arm) -> str:
     return name
 
 
+def owned_by(obj: Obj, uid: str) -> bool:
+    """Whether the operator made ``obj`` for the SpecTuning whose uid is ``uid``.
+
+    Both marks are required: an ownerReference to that uid (which only the creator of an
+    object, or someone allowed to edit it, can set) and the fingerprint annotation every
+    canary is created with. Labels alone are no proof: anyone who may create a Deployment
+    in the namespace can copy the canary labels, and a label selector matches them all.
+    """
+    meta = obj.get("metadata") or {}
+    refs = meta.get("ownerReferences") or []
+    owned = any(isinstance(r, dict) and r.get("uid") == uid for r in refs)
+    return bool(uid) and owned and ANNOTATION_FINGERPRINT in (meta.get("annotations") or {})
+
+
 def _owner(spt: Obj) -> Obj:
     meta = spt["metadata"]
     return {
@@ -271,6 +289,27 @@ def promote_patch(
             }
         },
     }
+
+
+def edit_guard(target: Obj, container: str | None, engine: str) -> str | None:
+    """Why the operator must not write the target's speculative setting now, or None.
+
+    The operator writes the target only over a setting it applied itself: the fingerprint
+    annotation must be there (it is written when tuning adopts the target) and match the
+    arguments the target runs. A missing annotation means someone removed it to adopt a hand
+    edit, which the next turn records before anything is written; a mismatch is a hand
+    edit, which is never overwritten.
+    """
+    annotations = target.get("metadata", {}).get("annotations") or {}
+    name = target.get("metadata", {}).get("name", "the target")
+    if ANNOTATION_FINGERPRINT not in annotations:
+        return (
+            f"Deployment {name} carries no {ANNOTATION_FINGERPRINT} annotation (it was removed "
+            "to adopt an edit); nothing is written until tuning has adopted the setting"
+        )
+    if human_edit(target, container, engine):
+        return f"the speculative arguments of Deployment {name} were edited by hand"
+    return None
 
 
 def human_edit(target: Obj, container: str | None, engine: str) -> bool:
