@@ -159,7 +159,7 @@ async def delete(
     deletion never hangs on an API error (canaries are owned by the SpecTuning: Kubernetes'
     garbage collector removes them with it).
     """
-    report = await cleanup(memo.api, body)
+    report = await cleanup(memo.api, body, memo.settings.drafter_model_allow_list)
     if report.failed and runtime.total_seconds() < memo.settings.cleanup_timeout_s:
         raise kopf.TemporaryError(str(report), delay=memo.settings.poll_s)
     if report.failed:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -56,6 +56,7 @@ __all__ = [
     "Strategy",
     "TargetRef",
     "TrafficMix",
+    "TrustRemoteCode",
     "parse_spec",
 ]
 
@@ -586,6 +587,28 @@ class RetuneSpec(ApiModel):
     )
 
 
+class TrustRemoteCode(ApiModel):
+    """Drafter models this SpecTuning means to run on a target started with --trust-remote-code.
+
+    A drafter's checkpoint is loaded with the target's --trust-remote-code, so its model names
+    code that the canary runs. Two keys must agree: the SpecTuning lists the model here, and
+    the operator's allow-list (SPECTUNE_DRAFTER_MODEL_ALLOW_LIST, chart value
+    operator.drafterModelAllowList), which only its administrator sets, matches it. This list
+    can only narrow what the operator allows; a model the target already runs as its drafter
+    needs neither.
+    """
+
+    allowed_drafter_models: tuple[Annotated[str, Field(min_length=1, max_length=512)], ...] = Field(
+        (),
+        max_length=MAX_DRAFTERS,
+        description=(
+            "Drafter models (exactly as in spec.drafters[].model) that may run on a target "
+            "started with --trust-remote-code, if the operator's allow-list also matches "
+            "them. At most 16. Default []."
+        ),
+    )
+
+
 class SpecTuningSpec(ApiModel):
     """Tune speculative decoding of one vLLM or SGLang Deployment under its live traffic."""
 
@@ -667,6 +690,14 @@ class SpecTuningSpec(ApiModel):
         description=(
             "On deletion, put the target back on its original speculative setting instead of "
             "the last promoted one. Default false."
+        ),
+    )
+    trust_remote_code: TrustRemoteCode | None = Field(
+        None,
+        description=(
+            "For a target started with --trust-remote-code: the drafter models this "
+            "SpecTuning may run there (the operator's allow-list must match them too). "
+            "Unset: none but the one the target already runs."
         ),
     )
 

@@ -32,6 +32,7 @@ from spectune.engines.args import (
     parse_vllm_args,
     render_sglang_args,
     render_vllm_args,
+    trusts_remote_code,
 )
 from spectune.errors import SpecError
 from spectune.search.arms import Arm
@@ -52,6 +53,7 @@ __all__ = [
     "model_version",
     "owned_by",
     "promote_patch",
+    "remote_code_refusal",
     "spec_config_for",
 ]
 
@@ -64,15 +66,61 @@ LABEL_OWNER = "spectune.io/spectuning"
 Obj = dict[str, Any]
 
 
+REMOTE_CODE_UNCHECKED = (
+    "no allow-list was consulted for it (SPECTUNE_DRAFTER_MODEL_ALLOW_LIST, "
+    "spec.trustRemoteCode.allowedDrafterModels)"
+)
+
+
 @dataclass(frozen=True)
 class DrafterArgs:
-    """What the engine needs to run one drafter (from the SpecTuning's ``drafters``)."""
+    """What the engine needs to run one drafter (from the SpecTuning's ``drafters``).
+
+    ``remote_code_refused`` says why the drafter's ``model`` may not run on a target started
+    with ``--trust-remote-code`` (None: it may); see :func:`remote_code_refusal`. It fails
+    closed: a drafter built without the allow-lists is refused there.
+    """
 
     name: str
     method: str
     model: str | None = None
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    remote_code_refused: str | None = REMOTE_CODE_UNCHECKED
+
+
+def remote_code_refusal(
+    target: Obj, container: str | None, engine: str, drafter: DrafterArgs
+) -> str | None:
+    """Why ``drafter`` may not run on ``target``'s pods, or None.
+
+    A drafter's checkpoint is loaded with the target's ``--trust-remote-code``, so on such a
+    target a drafter ``model`` is code the canary (and, once promoted, the target) runs with
+    the pods' GPUs, service account and mounted secrets. It runs only when the target
+    already runs that model as its drafter (its owner chose it), or when it is allowed (the
+    SpecTuning lists it and the operator's allow-list matches it: ``drafters_of``).
+    """
+    if drafter.model is None or drafter.remote_code_refused is None:
+        return None
+    _, argv = container_argv(target, container)
+    if not trusts_remote_code(argv):
+        return None
+    running = _parse(engine, argv)
+    if running is not None and running.model == drafter.model:
+        return None
+    return (
+        f"spec.drafters: drafter {drafter.name!r} (model {drafter.model!r}) would run with the "
+        f"target's --trust-remote-code, and {drafter.remote_code_refused}; allow it, or "
+        "remove the drafter. Nothing was created"
+    )
+
+
+def _check_remote_code(
+    target: Obj, arm: Arm, drafters: Mapping[str, DrafterArgs], container: str | None, engine: str
+) -> None:
+    d = drafters.get(arm.drafter) if arm.drafter is not None else None
+    if d is not None and (why := remote_code_refusal(target, container, engine, d)):
+        raise SpecError(why)
 
 
 def spec_config_for(arm: Arm, drafters: Mapping[str, DrafterArgs]) -> SpecConfig | None:
@@ -224,9 +272,11 @@ def canary_deployment(
 
     Keeps the target's pod template (image, resources, volumes, env, every label the Service
     selects on), renders the arm into the engine container's flags, and owns it by the
-    SpecTuning so it disappears with it.
+    SpecTuning so it disappears with it. A drafter model the target's ``--trust-remote-code``
+    may not run (:func:`remote_code_refusal`) raises :class:`~spectune.errors.SpecError`.
     """
     spec = spec_config_for(arm, drafters)
+    _check_remote_code(target, arm, drafters, container, engine)
     name = canary_name(target["metadata"]["name"], arm)
     template = copy.deepcopy(target["spec"]["template"])
     tmeta = template.setdefault("metadata", {})
@@ -274,9 +324,11 @@ def promote_patch(
     """A strategic-merge patch that rolls the target onto ``arm`` and records its fingerprint.
 
     Only the engine container's flag list and two annotations change; the Deployment's
-    rolling-update strategy replaces the pods.
+    rolling-update strategy replaces the pods. A drafter model the target's
+    ``--trust-remote-code`` may not run raises :class:`~spectune.errors.SpecError`.
     """
     spec = spec_config_for(arm, drafters)
+    _check_remote_code(target, arm, drafters, container, engine)
     c = _container(_template_spec(target), container)
     field, argv = container_argv(target, container)
     return {

@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import hashlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -93,6 +94,7 @@ from spectune.k8s.deployments import (
     fingerprint,
     human_edit,
     model_version,
+    remote_code_refusal,
     spec_config_for,
 )
 from spectune.k8s.inplace import ANNOTATION_TRIAL, InPlaceActuator, InPlaceMetrics
@@ -131,6 +133,7 @@ __all__ = [
     "MetricsOutageError",
     "TuningLoop",
     "WallClock",
+    "check_remote_code",
     "check_supported",
     "cleanup",
     "detect_engine",
@@ -329,14 +332,63 @@ def detect_engine(spec: SpecTuningSpec, target: Obj) -> Engine:
     return Engine.VLLM
 
 
-def drafters_of(spec: SpecTuningSpec) -> dict[str, DrafterArgs]:
-    """The spec's drafters as the Deployment builders take them."""
+def drafters_of(spec: SpecTuningSpec, allow: Sequence[str] = ()) -> dict[str, DrafterArgs]:
+    """The spec's drafters as the Deployment builders take them.
+
+    ``allow`` is the operator's drafter-model allow-list (``SPECTUNE_DRAFTER_MODEL_ALLOW_LIST``,
+    ``fnmatch`` patterns). Each drafter records whether its model may run on a target started
+    with ``--trust-remote-code`` (:func:`~spectune.k8s.deployments.remote_code_refusal`): only
+    when ``spec.trustRemoteCode.allowedDrafterModels`` lists it AND ``allow`` matches it. The
+    SpecTuning's list is its author's opt-in and can only narrow the operator's, which is the
+    authority: an author who may create SpecTunings cannot make a canary run code from a
+    repository the operator's administrator did not allow.
+    """
+    listed = set(spec.trust_remote_code.allowed_drafter_models) if spec.trust_remote_code else set()
     return {
         d.name: DrafterArgs(
-            d.name, d.method.value, d.model, d.prompt_lookup_min, d.prompt_lookup_max
+            d.name,
+            d.method.value,
+            d.model,
+            d.prompt_lookup_min,
+            d.prompt_lookup_max,
+            None if d.model is None else _remote_code_refused(d.model, listed, allow),
         )
         for d in spec.drafters
     }
+
+
+def _remote_code_refused(model: str, listed: set[str], allow: Sequence[str]) -> str | None:
+    """Why ``model`` may not run with ``--trust-remote-code`` (None: it may)."""
+    author = model in listed
+    operator = any(fnmatch.fnmatchcase(model, pattern) for pattern in allow)
+    if author and operator:
+        return None
+    missing = []
+    if not author:
+        missing.append("spec.trustRemoteCode.allowedDrafterModels does not list it")
+    if not operator:
+        missing.append(
+            "the operator's allow-list does not match it (SPECTUNE_DRAFTER_MODEL_ALLOW_LIST, "
+            "chart value operator.drafterModelAllowList; its administrator sets it)"
+        )
+    return " and ".join(missing)
+
+
+def check_remote_code(
+    spec: SpecTuningSpec, target: Obj, engine: Engine, allow: Sequence[str]
+) -> None:
+    """Refuse a spec whose drafter models may not run with the target's --trust-remote-code.
+
+    Raises :class:`SpecError` naming every such drafter and the fix, before any canary.
+    """
+    container = spec.target_ref.container
+    refusals = [
+        why
+        for d in drafters_of(spec, allow).values()
+        if (why := remote_code_refusal(target, container, engine.value, d))
+    ]
+    if refusals:
+        raise SpecError("; ".join(refusals))
 
 
 def _seed(uid: str) -> int:
@@ -878,7 +930,7 @@ class TuningLoop:
             spec.target_ref.name,
             spec.target_ref.container,
             engine.value,
-            drafters_of(spec),
+            drafters_of(spec, self._settings.drafter_model_allow_list),
             spec.search.canary_replicas,
         )
         if spec.search.strategy is Strategy.IN_PLACE:
@@ -964,6 +1016,7 @@ class TuningLoop:
         first = KubeActuator(self._api, self._spt(), spec.target_ref.name, None, "vllm", {})
         target = await first.read_target()
         engine = detect_engine(spec, target)
+        check_remote_code(spec, target, engine, s.drafter_model_allow_list)
         drafters = drafters_of(spec)
         inner = self._strategy(spec, engine)
         if isinstance(inner, InPlaceActuator):
@@ -1448,7 +1501,9 @@ class CleanupReport:
         return "; ".join(parts) or "nothing to do"
 
 
-async def cleanup(api: k8s.ApiClient, body: Mapping[str, Any]) -> CleanupReport:
+async def cleanup(
+    api: k8s.ApiClient, body: Mapping[str, Any], allow: Sequence[str] = ()
+) -> CleanupReport:
     """On deletion: remove the canaries; restore the original setting when asked.
 
     The target otherwise stays on the last promoted setting: an in-place trial under way is
@@ -1497,7 +1552,12 @@ async def cleanup(api: k8s.ApiClient, body: Mapping[str, Any]) -> CleanupReport:
         return report()
     engine = detect_engine(spec, target)
     kube = KubeActuator(
-        api, spt, spec.target_ref.name, spec.target_ref.container, engine.value, drafters_of(spec)
+        api,
+        spt,
+        spec.target_ref.name,
+        spec.target_ref.container,
+        engine.value,
+        drafters_of(spec, allow),
     )
     try:
         if ANNOTATION_TRIAL in (target.get("metadata", {}).get("annotations") or {}):

@@ -364,13 +364,17 @@ def test_a_concurrent_status_write_gets_a_real_409_and_nothing_is_lost(
 def kubeconfig_without_delete(
     cluster: Cluster, operator_kubeconfig: Path, tmp_path: Path
 ) -> Iterator[Path]:
-    """A ServiceAccount bound to a copy of ``deploy/rbac.yaml``'s ClusterRole without
-    ``delete`` on Deployments (a persistent error for the cleanup of canaries)."""
+    """A ServiceAccount bound to a copy of ``deploy/rbac.yaml``'s ClusterRoles (their rules
+    together) without ``delete`` on Deployments (a persistent error for the cleanup of
+    canaries)."""
     suffix = tmp_path.name[-20:].lower().replace("_", "-").strip("-")
     name = f"spectune-nodelete-{suffix}"
     docs = list(yaml.safe_load_all(RBAC.read_text()))
-    role = copy.deepcopy(next(d for d in docs if d["kind"] == "ClusterRole"))
-    role["metadata"] = {"name": name}
+    roles = [d for d in docs if d["kind"] == "ClusterRole"]
+    role = {
+        "metadata": {"name": name},
+        "rules": [copy.deepcopy(r) for d in roles for r in d["rules"]],
+    }
     for rule in role["rules"]:
         if rule["apiGroups"] == ["apps"] and "deployments" in rule["resources"]:
             rule["verbs"] = [v for v in rule["verbs"] if v != "delete"]
