@@ -469,3 +469,53 @@ def test_a_spectuning_name_longer_than_a_label_value_is_refused(
         env.create_spt(spectuning(_closed_prometheus(), name="n" * 64))
     assert err.value.status == 422 and "metadata.name" in err.value.body, err.value.body
     env.create_spt(spectuning(_closed_prometheus(), name="n" * 63))
+
+
+# -- item 9: the drafter model is confined -----------------------------------------------------
+
+
+def test_a_drafter_model_needs_both_keys_on_a_trusting_target(
+    cluster: Cluster,
+    namespace: str,
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    """The target runs with --trust-remote-code. A SpecTuning with an EAGLE-3 drafter is
+    refused (InvalidSpec naming the drafter and the fix) and nothing is created or touched;
+    listing the model in the SpecTuning alone does not allow it (its author cannot allow
+    themselves); the operator's allow-list matching it as well does."""
+    env = Env(cluster, namespace)
+    env.create_target(["serve", MODEL, "--trust-remote-code"])
+    env.create_spt(spectuning(_closed_prometheus()))
+    op = start_operator(namespace)
+
+    def refused(generation: int) -> dict[str, Any] | None:
+        c = env.condition("Ready")
+        ok = c and c["reason"] == "InvalidSpec" and c.get("observedGeneration") == generation
+        return c if ok else None
+
+    cond = wait_for(
+        lambda: refused(1), timeout=60, message=lambda: f"InvalidSpec (1); {env.status()}"
+    )
+    assert "drafter 'eagle3'" in cond["message"] and EAGLE in cond["message"], cond
+    assert "spec.trustRemoteCode.allowedDrafterModels" in cond["message"], cond
+    assert "SPECTUNE_DRAFTER_MODEL_ALLOW_LIST" in cond["message"], cond
+
+    env.patch_spec({"trustRemoteCode": {"allowedDrafterModels": [EAGLE]}})
+    cond = wait_for(
+        lambda: refused(2),
+        timeout=60,
+        message=lambda: f"InvalidSpec (2); {env.status()} {env.spt()['metadata']}",
+    )
+    assert "operator's allow-list does not match it" in cond["message"], cond
+    assert "does not list it" not in cond["message"].split("SPECTUNE_")[0], cond
+    assert not env.canaries()
+    assert "spectune.io/fingerprint" not in (env.target().metadata.annotations or {})
+
+    op.stop()
+    op = start_operator(namespace, SPECTUNE_DRAFTER_MODEL_ALLOW_LIST="yuhuili/*")
+    wait_for(
+        lambda: (env.condition("Ready") or {}).get("reason") == "Tuning",
+        timeout=60,
+        message=lambda: f"tuning once both keys agree; {op.log()[-3000:]}",
+    )
+    assert "spectune.io/fingerprint" in (env.target().metadata.annotations or {})

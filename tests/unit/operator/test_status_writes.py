@@ -29,10 +29,11 @@ __all__ = ["world"]  # the fixture, imported so that pytest finds it here
 
 
 async def test_a_suspended_loop_looking_again_writes_nothing_new(world: FakeWorld) -> None:
-    """Suspended, the loop looks every poll; the status it would write is the same each
-    time, so it is written once (before the ceiling, once per poll)."""
+    """Suspended, the loop looks every poll (1 s) for 30 s, three status intervals; the
+    status it would write is the same each time, so it is written once (it used to be
+    written on every look)."""
     loop = _loop(world, _body(suspend=True))
-    for _ in range(4):
+    for _ in range(30):
         await loop.turn()
     assert world.status["phase"] == "Suspended"
     assert len(world.status_writes) == 1, [w.get("phase") for w in world.status_writes]
