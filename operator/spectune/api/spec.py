@@ -598,7 +598,17 @@ class TrustRemoteCode(ApiModel):
     needs neither.
     """
 
-    allowed_drafter_models: tuple[Annotated[str, Field(min_length=1, max_length=512)], ...] = Field(
+    allowed_drafter_models: tuple[
+        Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=512,
+                description="A drafter model, exactly as written in spec.drafters[].model.",
+            ),
+        ],
+        ...,
+    ] = Field(
         (),
         max_length=MAX_DRAFTERS,
         description=(

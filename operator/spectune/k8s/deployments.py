@@ -229,7 +229,8 @@ def canary_name(target: str, arm: Arm) -> str:
     name = f"{target}-spt-{slug}"
     if len(name) > 63:
         digest = hashlib.sha256(arm.name.encode()).hexdigest()[:8]
-        name = f"{target[: 63 - 14]}-spt-{digest}"
+        # A cut name may end in '.' or '-'; a DNS label must start and end alphanumeric.
+        name = f"{target[: 63 - 14].rstrip('.-')}-spt-{digest}"
     return name
 
 

@@ -157,3 +157,17 @@ def test_a_drafter_model_runs_when_both_keys_agree_or_the_target_runs_it() -> No
     check_remote_code(_spec(), _trusting("--speculative-config", own), Engine.VLLM, ())
     # ngram drafts from the text.
     canary_deployment(_trusting(), Arm("ngram", 2), drafters_of(_spec()), SPT, 1, "vllm", "vllm")
+
+
+@pytest.mark.parametrize("target_name", ["a" * 253, ("a" * 48) + ".b" + ("c" * 60), "x" * 63])
+def test_every_canary_name_fits_a_dns_label(target_name: str) -> None:
+    """A target name may be 253 characters of a DNS subdomain; its canaries' names are
+    DNS labels of at most 63 characters, whatever the cut leaves at the end."""
+    import re
+
+    from spectune.k8s.deployments import canary_name
+
+    for arm in (Arm("eagle3", 3), Arm(None), Arm("ngram", 16)):
+        name = canary_name(target_name, arm)
+        assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name), name
+        assert ".-" not in name and "-." not in name, name
