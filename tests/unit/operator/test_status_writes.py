@@ -127,3 +127,35 @@ async def test_both_keys_let_the_drafter_run(world: FakeWorld) -> None:
     await loop.turn()
     assert _condition(world, "Ready")["reason"] == "Tuning"
     assert tuning.ANNOTATION_FINGERPRINT in world.target["metadata"]["annotations"]  # type: ignore[index]
+
+
+async def test_an_edit_during_the_step_pauses_and_the_promotion_writes_nothing(
+    world: FakeWorld,
+) -> None:
+    """A hand edit lands while a step runs (a FAKE step stands in for a window that ends in
+    a promotion: it edits the target, then promotes through the loop's real actuator
+    chain). The promotion's guarded write finds the edit and writes nothing; the loop
+    pauses with ``Ready=False, reason=HumanEdit`` and a Warning, and the edit stays."""
+    import json
+
+    from spectune.search.arms import Arm
+    from tests.unit.operator.fakes import EAGLE
+
+    world.failing = True
+    loop = _loop(world, _body())
+    await loop.turn()  # builds, adopts the target, one failed window
+    built = loop._built
+    assert built is not None
+    config = json.dumps({"method": "eagle3", "model": EAGLE, "num_speculative_tokens": 2})
+    edited = ["serve", MODEL, "--speculative-config", config]
+
+    async def window_then_promote() -> None:
+        world.target["spec"]["template"]["spec"]["containers"][0]["args"] = list(edited)  # type: ignore[index]
+        await built.actuator.promote(Arm("eagle3", 3))
+
+    built.controller.step = window_then_promote  # type: ignore[method-assign]
+    await loop.turn()
+    assert world.target["spec"]["template"]["spec"]["containers"][0]["args"] == edited  # type: ignore[index]
+    ready = _condition(world, "Ready")
+    assert ready["reason"] == "HumanEdit", ready
+    assert "HumanEdit" in world.reasons()
