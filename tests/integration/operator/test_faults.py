@@ -589,6 +589,9 @@ def test_deployment_patch_conflict_is_retried_with_fresh_state(
     spt = {"metadata": {"name": "tune", "namespace": namespace, "uid": "0"}}
     drafters = {"eagle3": DrafterArgs("eagle3", "eagle3", EAGLE)}
     kube = KubeActuator(api, spt, TARGET, "vllm", "vllm", drafters)
+    # Adopted first, as the tuning loop does: a promotion writes only over a setting whose
+    # fingerprint the operator recorded (the other writer's flag is no speculative edit).
+    asyncio.run(kube.adopt(asyncio.run(kube.read_target())))
     reads: list[str] = []
     read = kube.read_target
 
