@@ -18,7 +18,7 @@ import logging
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
@@ -144,14 +144,36 @@ async def tune(body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, **kwargs: Any)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def delete(body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-    """Remove the canaries; leave the target on its last setting (or restore the original)."""
-    try:
-        done = await cleanup(memo.api, body)
-    except SourceUnavailableError as exc:
-        raise kopf.TemporaryError(str(exc), delay=memo.settings.poll_s) from None
+async def delete(
+    body: kopf.Body,
+    meta: kopf.Meta,
+    memo: kopf.Memo,
+    logger: Any,
+    runtime: timedelta,
+    **_: Any,
+) -> None:
+    """Remove the canaries; leave the target on its last setting (or restore the original).
+
+    A cleanup step that failed is tried again every poll for ``SPECTUNE_CLEANUP_TIMEOUT_SECONDS``;
+    after that the finalizer goes anyway, with a Warning event saying what remains, so a
+    deletion never hangs on an API error (canaries are owned by the SpecTuning: Kubernetes'
+    garbage collector removes them with it).
+    """
+    report = await cleanup(memo.api, body, memo.settings.drafter_model_allow_list)
+    if report.failed and runtime.total_seconds() < memo.settings.cleanup_timeout_s:
+        raise kopf.TemporaryError(str(report), delay=memo.settings.poll_s)
+    if report.failed:
+        kopf.event(
+            body,
+            type="Warning",
+            reason="CleanupIncomplete",
+            message=(
+                f"deleted after {runtime.total_seconds():.0f}s of cleanup; what remains: "
+                + "; ".join(report.failed)
+            )[:1024],
+        )
     memo.telemetry.forget(meta["namespace"], meta["name"])
-    logger.info(done)
+    logger.info(str(report))
 
 
 def run_operator(settings: Settings, *, verbose: bool = False) -> None:

@@ -38,6 +38,15 @@ variable                        meaning
                                 others pause); unset: by seniority, the oldest replica acts
 ``SPECTUNE_PEERING_LIFETIME_SECONDS``  a replica not heard from for this long is taken for
                                 dead and a standby takes over, seconds (at least 10)
+``SPECTUNE_CLEANUP_TIMEOUT_SECONDS``  how long a deleted SpecTuning's cleanup is retried
+                                (canaries, restore) before its finalizer goes anyway, with
+                                a ``CleanupIncomplete`` event saying what remains, seconds
+``SPECTUNE_STATUS_INTERVAL_SECONDS``  at most one status write per this many seconds per
+                                SpecTuning, except when its phase or a condition's status
+                                or reason changes; a write with nothing new is never sent
+``SPECTUNE_DRAFTER_MODEL_ALLOW_LIST``  comma-separated drafter models (``fnmatch`` patterns,
+                                e.g. ``yuhuili/*``) that may run on a target started with
+                                ``--trust-remote-code``; empty: none
 ==============================  ==========================================================
 
 Peering is kopf's: it pauses, it does not fence. The replica with the highest priority acts;
@@ -99,6 +108,15 @@ class Settings:
     """This replica's peering priority (the highest acts); None: :func:`seniority_priority`."""
     peering_lifetime_s: int = 60
     """A replica not heard from for this long is taken for dead, seconds."""
+    cleanup_timeout_s: float = 300.0
+    """A deleted SpecTuning's failed cleanup is retried this long before it goes, seconds."""
+    status_interval_s: float = 10.0
+    """Fewest seconds between two status writes of one SpecTuning in the same phase and
+    conditions (a phase or condition change is written at once)."""
+    drafter_model_allow_list: tuple[str, ...] = ()
+    """Drafter models (``fnmatch`` patterns) that may run on a ``--trust-remote-code``
+    target, besides the ones it already runs; empty: none. The authority: a SpecTuning's
+    own ``trustRemoteCode.allowedDrafterModels`` can only narrow it."""
 
     def __post_init__(self) -> None:
         for name in ("liveness_port", "metrics_port"):
@@ -113,6 +131,10 @@ class Settings:
             raise SpecError(f"{_var('time_scale')}: must be above 0, got {self.time_scale:g}")
         if self.draft_cost < 0:
             raise SpecError(f"{_var('draft_cost')}: must be at least 0")
+        if self.cleanup_timeout_s < 0:
+            raise SpecError(f"{_var('cleanup_timeout_s')}: must be at least 0")
+        if self.status_interval_s < 0:
+            raise SpecError(f"{_var('status_interval_s')}: must be at least 0")
         if self.prometheus_url is not None and not self.prometheus_url.startswith(
             ("http://", "https://")
         ):
@@ -150,7 +172,7 @@ class Settings:
                 continue
             raw = raw.strip()
             try:
-                if f.name in ("namespaces", "prometheus_url_allowlist"):
+                if f.name in ("namespaces", "prometheus_url_allowlist", "drafter_model_allow_list"):
                     values[f.name] = tuple(n.strip() for n in raw.split(",") if n.strip())
                 elif f.name in ("prometheus_url", "peering"):
                     values[f.name] = raw
@@ -192,6 +214,8 @@ _NAMES = {
     "poll_s": "SPECTUNE_POLL_SECONDS",
     "ready_timeout_s": "SPECTUNE_READY_TIMEOUT_SECONDS",
     "peering_lifetime_s": "SPECTUNE_PEERING_LIFETIME_SECONDS",
+    "cleanup_timeout_s": "SPECTUNE_CLEANUP_TIMEOUT_SECONDS",
+    "status_interval_s": "SPECTUNE_STATUS_INTERVAL_SECONDS",
 }
 
 

@@ -29,7 +29,7 @@ from spectune.api.names import (
     SINGULAR,
     VERSION,
 )
-from spectune.api.spec import SpecTuningSpec
+from spectune.api.spec import MAX_NAME, SpecTuningSpec
 from spectune.api.status import SpecTuningStatus
 
 __all__ = ["CRD_PATH", "crd_manifest", "render_crd", "structural_schema"]
@@ -143,7 +143,11 @@ def crd_manifest() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "metadata": {
+                "type": "object",
+                # The name is the spectune.io/spectuning label value of every canary.
+                "properties": {"name": {"type": "string", "maxLength": MAX_NAME}},
+            },
             "spec": spec,
             "status": status,
         },

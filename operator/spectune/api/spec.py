@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -29,8 +29,11 @@ from spectune.api.validation import (
     field_error,
     validate_body,
 )
+from spectune.durations import parse_duration
 
 __all__ = [
+    "MAX_NAME",
+    "MIN_WINDOW_S",
     "MODEL_METHODS",
     "NO_MODEL_METHODS",
     "Drafter",
@@ -53,6 +56,7 @@ __all__ = [
     "Strategy",
     "TargetRef",
     "TrafficMix",
+    "TrustRemoteCode",
     "parse_spec",
 ]
 
@@ -62,6 +66,17 @@ _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])
 _DRAFTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 MAX_DRAFTERS = 16
 MAX_K = 16
+MIN_WINDOW_S = 30.0
+"""Shortest ``search.window``, seconds (the spec's value, before any time scale).
+
+A window is the unit the operator pays for: every window costs a Prometheus query or a
+scrape of every pod, a status write and a step of the policy, per SpecTuning. A shorter one
+also measures nothing: vLLM's counters are scraped every 15-30 s, so a window under 30 s
+can hold no new sample at all, and a p95 of the few requests it sees is noise.
+"""
+MAX_NAME = 63
+"""Longest SpecTuning name: it is the value of the ``spectune.io/spectuning`` label on every
+canary, and a label value holds at most 63 characters."""
 
 
 class Engine(enum.StrEnum):
@@ -376,8 +391,35 @@ class SearchSpec(ApiModel):
         description="Replicas of each canary Deployment (canary strategy only). Default 1.",
     )
     window: Duration = Field(
-        "5m", description="Length of one measurement window per trial, a duration. Default 5m."
+        "5m",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                # The Duration type's own rule (this list replaces the type's).
+                {"rule": "self.matches('[1-9]')", "message": "must be a positive duration"},
+                {
+                    # CEL reads Go durations; one written with days ("d") is checked by the
+                    # operator only (it is at least a day unless its digits are all zero).
+                    "rule": "self.contains('d') || duration(self) >= duration('30s')",
+                    "message": "must be at least 30s (one scrape interval of the engine's "
+                    "counters); write e.g. 1m or 5m",
+                },
+            ]
+        },
+        description=(
+            "Length of one measurement window per trial, a duration of at least 30s. Default 5m."
+        ),
     )
+
+    @field_validator("window")
+    @classmethod
+    def _long_enough(cls, window: str) -> str:
+        if parse_duration(window) < MIN_WINDOW_S:
+            raise ValueError(
+                f"{window!r} is shorter than the minimum {MIN_WINDOW_S:g}s (one scrape interval "
+                "of the engine's counters); write e.g. 1m or 5m"
+            )
+        return window
+
     min_drafts: int = Field(
         20000,
         ge=0,
@@ -545,6 +587,38 @@ class RetuneSpec(ApiModel):
     )
 
 
+class TrustRemoteCode(ApiModel):
+    """Drafter models this SpecTuning means to run on a target started with --trust-remote-code.
+
+    A drafter's checkpoint is loaded with the target's --trust-remote-code, so its model names
+    code that the canary runs. Two keys must agree: the SpecTuning lists the model here, and
+    the operator's allow-list (SPECTUNE_DRAFTER_MODEL_ALLOW_LIST, chart value
+    operator.drafterModelAllowList), which only its administrator sets, matches it. This list
+    can only narrow what the operator allows; a model the target already runs as its drafter
+    needs neither.
+    """
+
+    allowed_drafter_models: tuple[
+        Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=512,
+                description="A drafter model, exactly as written in spec.drafters[].model.",
+            ),
+        ],
+        ...,
+    ] = Field(
+        (),
+        max_length=MAX_DRAFTERS,
+        description=(
+            "Drafter models (exactly as in spec.drafters[].model) that may run on a target "
+            "started with --trust-remote-code, if the operator's allow-list also matches "
+            "them. At most 16. Default []."
+        ),
+    )
+
+
 class SpecTuningSpec(ApiModel):
     """Tune speculative decoding of one vLLM or SGLang Deployment under its live traffic."""
 
@@ -628,6 +702,14 @@ class SpecTuningSpec(ApiModel):
             "the last promoted one. Default false."
         ),
     )
+    trust_remote_code: TrustRemoteCode | None = Field(
+        None,
+        description=(
+            "For a target started with --trust-remote-code: the drafter models this "
+            "SpecTuning may run there (the operator's allow-list must match them too). "
+            "Unset: none but the one the target already runs."
+        ),
+    )
 
     @model_validator(mode="after")
     def _drafters(self) -> SpecTuningSpec:
@@ -679,6 +761,15 @@ def parse_spec(body: Mapping[str, Any]) -> SpecTuningSpec:
             problems.append(FieldProblem("kind", f"must be {KIND}"))
         if "spec" not in body:
             problems.append(FieldProblem("spec", "required"))
+        name = (body.get("metadata") or {}).get("name")
+        if isinstance(name, str) and len(name) > MAX_NAME:
+            problems.append(
+                FieldProblem(
+                    "metadata.name",
+                    f"at most {MAX_NAME} characters, got {len(name)}: it is the value of the "
+                    "spectune.io/spectuning label on every canary; pick a shorter name",
+                )
+            )
         if problems:
             raise InvalidSpecError(problems)
         body = body["spec"]

@@ -45,6 +45,7 @@ __all__ = [
     "parse_vllm_args",
     "render_sglang_args",
     "render_vllm_args",
+    "trusts_remote_code",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -442,6 +443,35 @@ def _int_value(text: str, flag: str, *, minimum: int) -> int:
     if value < minimum:
         raise SpecError(f"{flag} must be >= {minimum}, got {value}")
     return value
+
+
+_TRUST_FLAGS = {"--trust-remote-code": True, "--no-trust-remote-code": False}
+_FALSE_WORDS = frozenset({"false", "0", "no", "off"})
+
+
+def trusts_remote_code(argv: Sequence[str]) -> bool:
+    """Whether an engine started with ``argv`` may run code shipped with a model repository.
+
+    vLLM and SGLang both read ``--trust-remote-code`` (vLLM also its ``--no-`` form and the
+    underscore spelling), and a drafter's checkpoint is loaded with the target's setting, so
+    a drafter ``model`` then names code the engine runs. The last flag wins, as argparse
+    reads it. A ``--config`` file is not read here: its contents are unknown, so an argv with
+    one counts as trusting (the check fails closed).
+
+    >>> trusts_remote_code(["serve", "m", "--trust-remote-code"])
+    True
+    >>> trusts_remote_code(["serve", "m", "--trust_remote_code", "--no-trust-remote-code"])
+    False
+    """
+    trusted = False
+    for token in argv[: _options_end(argv)]:
+        name, equals, value = token.partition("=")
+        name = "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+        if name == "--config":
+            trusted = True
+        elif name in _TRUST_FLAGS:
+            trusted = _TRUST_FLAGS[name] and not (equals and value.lower() in _FALSE_WORDS)
+    return trusted
 
 
 def _edit(argv: Sequence[str], drop: set[int], insert: Mapping[int, list[str]]) -> list[str]:

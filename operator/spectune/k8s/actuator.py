@@ -18,7 +18,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from spectune.control.ports import Deployment
-from spectune.errors import SourceUnavailableError, SpecError
+from spectune.errors import SourceUnavailableError, SpecError, SpecTuneError
 from spectune.k8s.connect import read_json
 from spectune.k8s.deployments import (
     ANNOTATION_FINGERPRINT,
@@ -28,14 +28,23 @@ from spectune.k8s.deployments import (
     arm_from_spec,
     canary_deployment,
     current_spec,
+    edit_guard,
     fingerprint,
     model_version,
+    owned_by,
     promote_patch,
 )
 from spectune.k8s.rollout import Readiness, classify_rollout
 from spectune.search.arms import Arm, parse_arm
 
-__all__ = ["ForbiddenError", "KubeActuator", "TargetMissingError", "api_error"]
+__all__ = [
+    "ForbiddenError",
+    "HumanEditError",
+    "KubeActuator",
+    "NotOwnedError",
+    "TargetMissingError",
+    "api_error",
+]
 
 T = TypeVar("T")
 Obj = dict[str, Any]
@@ -52,6 +61,22 @@ wait longer, for a quiet moment; about 3 s in all before the turn gives up and r
 
 class TargetMissingError(SourceUnavailableError):
     """The target Deployment does not exist (temporary: it may come back)."""
+
+
+class HumanEditError(SpecTuneError):
+    """The target's speculative setting is not the one the operator applied: not written.
+
+    Raised by a guarded write (:meth:`KubeActuator.patch_target`) that found, on the fresh
+    read it patches from, a hand edit (or the fingerprint annotation removed). The tuning
+    loop pauses, as for an edit it sees at the start of a turn.
+    """
+
+
+class NotOwnedError(SourceUnavailableError):
+    """A Deployment the operator would create exists and is not this SpecTuning's.
+
+    Temporary: whoever owns it may rename or delete it; until then it is never touched.
+    """
 
 
 class ForbiddenError(SpecError):
@@ -134,6 +159,12 @@ class KubeActuator:
             raise api_error(exc, f"read Deployment {self._ns}/{self._target}") from None
 
     async def _canaries(self) -> list[Obj]:
+        """This SpecTuning's canaries: labelled as such AND owned by it (:func:`owned_by`).
+
+        The label selector only narrows the list; a Deployment that merely copies the labels
+        (someone else's, or a leftover of a deleted SpecTuning of the same name) is skipped,
+        so it is never read as a canary, never deleted and never patched.
+        """
         selector = f"{LABEL_OWNER}={self._spt['metadata']['name']},{LABEL_ROLE}=canary"
         try:
             res = await self._read(
@@ -141,8 +172,9 @@ class KubeActuator:
             )
         except ApiException as exc:
             raise api_error(exc, "list canary Deployments") from None
+        uid = str(self._spt["metadata"].get("uid") or "")
         items: list[Obj] = res.get("items") or []
-        return items
+        return [d for d in items if owned_by(d, uid)]
 
     async def pods(self, deployment: Obj) -> list[Obj]:
         """The pods of ``deployment`` (for the target: its own, never its canaries')."""
@@ -200,40 +232,56 @@ class KubeActuator:
         body = canary_deployment(
             target, arm, self._drafters, self._spt, self._replicas, self._container, self._engine
         )
+        name = body["metadata"]["name"]
         try:
             await self._call(self._apps.create_namespaced_deployment, self._ns, body)
         except ApiException as exc:
-            if exc.status != 409:  # already there from before a restart: fine
-                raise api_error(
-                    exc, f"create canary Deployment {body['metadata']['name']}"
+            if exc.status != 409:
+                raise api_error(exc, f"create canary Deployment {name}") from None
+            # Already there: ours from before a restart is fine; anyone else's is left alone.
+            if not any(c["metadata"]["name"] == name for c in await self._canaries()):
+                raise NotOwnedError(
+                    f"cannot create canary Deployment {self._ns}/{name}: a Deployment of that "
+                    "name exists and is not owned by this SpecTuning (no ownerReference to it "
+                    f"or no {ANNOTATION_FINGERPRINT} annotation), so spectune leaves it alone; "
+                    "rename or delete it"
                 ) from None
 
     async def stop_canary(self) -> None:
-        """Delete every canary of this SpecTuning (their pods go with them)."""
+        """Delete every canary of this SpecTuning (their pods go with them).
+
+        Each delete is conditioned on the uid that was listed, so an object replaced under
+        the same name in between (not ours any more) is refused by the API server (409).
+        """
         for c in await self._canaries():
+            meta = c["metadata"]
             try:
                 await self._call(
                     self._apps.delete_namespaced_deployment,
-                    c["metadata"]["name"],
+                    meta["name"],
                     self._ns,
                     propagation_policy="Background",
+                    body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=meta["uid"])),
                 )
             except ApiException as exc:
-                if exc.status != 404:
-                    raise api_error(exc, f"delete canary {c['metadata']['name']}") from None
+                if exc.status not in (404, 409):  # gone, or replaced by someone else's
+                    raise api_error(exc, f"delete canary {meta['name']}") from None
 
     async def adopt(self, target: Obj) -> None:
         """Record the target's current speculative setting as the applied one.
 
         Writes only the fingerprint annotation on the Deployment's own metadata (no rollout),
         so that a later hand edit of its arguments is told apart from the operator's patches.
+        The fingerprint is computed from the read that the patch's resourceVersion guards, so
+        an edit landing meanwhile is never recorded as the operator's own.
         """
-        spec = current_spec(target, self._container, self._engine)
-        patch = {"metadata": {"annotations": {ANNOTATION_FINGERPRINT: fingerprint(spec)}}}
-        try:
-            await self._call(self._apps.patch_namespaced_deployment, self._target, self._ns, patch)
-        except ApiException as exc:
-            raise api_error(exc, f"annotate Deployment {self._ns}/{self._target}") from None
+        del target  # adopted as read afresh below
+
+        def annotate(fresh: Obj) -> Obj:
+            spec = current_spec(fresh, self._container, self._engine)
+            return {"metadata": {"annotations": {ANNOTATION_FINGERPRINT: fingerprint(spec)}}}
+
+        await self.patch_target(annotate, guarded=False)
 
     async def promote(self, arm: Arm) -> None:
         """Roll the target onto ``arm`` (strategic merge patch; retried on conflict)."""
@@ -241,18 +289,28 @@ class KubeActuator:
             lambda target: promote_patch(target, arm, self._drafters, self._container, self._engine)
         )
 
-    async def patch_target(self, build: Callable[[Obj], Obj]) -> Obj:
+    async def patch_target(self, build: Callable[[Obj], Obj], *, guarded: bool = True) -> Obj:
         """Patch the target with ``build(fresh target)``, guarded by its resourceVersion.
 
         A conflict (HTTP 409: someone wrote the Deployment between our read and our patch)
         is retried with a fresh read, so the patch is always computed from the current
         object and another writer's change (an extra flag, an image bump) is never lost;
         the tries wait longer and longer (:data:`CONFLICT_BACKOFF_S`).
+
+        ``guarded`` (every write of the speculative setting): each fresh read is checked
+        with :func:`~spectune.k8s.deployments.edit_guard` first, and a hand edit raises
+        :class:`HumanEditError` with nothing written. The read and the check are one step
+        before the patch, and the resourceVersion in the patch makes the API server refuse
+        it if anything (an edit included) was written after that read, so an edit can never
+        land between the check and the write. Unguarded: annotation-only writes that keep
+        whatever the target runs (adopting a setting, dropping a trial's bookkeeping).
         Returns the target as read for the patch that went through.
         """
         for wait in CONFLICT_BACKOFF_S:
             await asyncio.sleep(wait)
             target = await self.read_target()
+            if guarded and (why := edit_guard(target, self._container, self._engine)):
+                raise HumanEditError(f"{why}; not overwritten")
             patch = build(target)
             patch.setdefault("metadata", {})["resourceVersion"] = target["metadata"][
                 "resourceVersion"

@@ -9,7 +9,9 @@ Conventions (documented for users in the README):
 * a canary is a Deployment ``<target>-spt-<arm-slug>`` whose pod template keeps every label
   of the target's template (so the target's Service sends it live traffic in proportion to
   its replicas) and adds ``spectune.io/role=canary``; its own selector adds that label too;
-* every object the operator creates carries an ownerReference to its SpecTuning;
+* every object the operator creates carries an ownerReference to its SpecTuning and the
+  fingerprint annotation; a Deployment that carries the canary labels without both is not
+  the operator's (:func:`owned_by`), and is never deleted or patched;
 * the annotation ``spectune.io/fingerprint`` holds the fingerprint of the speculative
   setting the operator last applied; a target whose args no longer match it was edited by
   a human, and tuning pauses instead of overwriting the edit.
@@ -30,6 +32,7 @@ from spectune.engines.args import (
     parse_vllm_args,
     render_sglang_args,
     render_vllm_args,
+    trusts_remote_code,
 )
 from spectune.errors import SpecError
 from spectune.search.arms import Arm
@@ -44,10 +47,13 @@ __all__ = [
     "canary_name",
     "container_argv",
     "current_spec",
+    "edit_guard",
     "fingerprint",
     "human_edit",
     "model_version",
+    "owned_by",
     "promote_patch",
+    "remote_code_refusal",
     "spec_config_for",
 ]
 
@@ -60,15 +66,61 @@ LABEL_OWNER = "spectune.io/spectuning"
 Obj = dict[str, Any]
 
 
+REMOTE_CODE_UNCHECKED = (
+    "no allow-list was consulted for it (SPECTUNE_DRAFTER_MODEL_ALLOW_LIST, "
+    "spec.trustRemoteCode.allowedDrafterModels)"
+)
+
+
 @dataclass(frozen=True)
 class DrafterArgs:
-    """What the engine needs to run one drafter (from the SpecTuning's ``drafters``)."""
+    """What the engine needs to run one drafter (from the SpecTuning's ``drafters``).
+
+    ``remote_code_refused`` says why the drafter's ``model`` may not run on a target started
+    with ``--trust-remote-code`` (None: it may); see :func:`remote_code_refusal`. It fails
+    closed: a drafter built without the allow-lists is refused there.
+    """
 
     name: str
     method: str
     model: str | None = None
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    remote_code_refused: str | None = REMOTE_CODE_UNCHECKED
+
+
+def remote_code_refusal(
+    target: Obj, container: str | None, engine: str, drafter: DrafterArgs
+) -> str | None:
+    """Why ``drafter`` may not run on ``target``'s pods, or None.
+
+    A drafter's checkpoint is loaded with the target's ``--trust-remote-code``, so on such a
+    target a drafter ``model`` is code the canary (and, once promoted, the target) runs with
+    the pods' GPUs, service account and mounted secrets. It runs only when the target
+    already runs that model as its drafter (its owner chose it), or when it is allowed (the
+    SpecTuning lists it and the operator's allow-list matches it: ``drafters_of``).
+    """
+    if drafter.model is None or drafter.remote_code_refused is None:
+        return None
+    _, argv = container_argv(target, container)
+    if not trusts_remote_code(argv):
+        return None
+    running = _parse(engine, argv)
+    if running is not None and running.model == drafter.model:
+        return None
+    return (
+        f"spec.drafters: drafter {drafter.name!r} (model {drafter.model!r}) would run with the "
+        f"target's --trust-remote-code, and {drafter.remote_code_refused}; allow it, or "
+        "remove the drafter. Nothing was created"
+    )
+
+
+def _check_remote_code(
+    target: Obj, arm: Arm, drafters: Mapping[str, DrafterArgs], container: str | None, engine: str
+) -> None:
+    d = drafters.get(arm.drafter) if arm.drafter is not None else None
+    if d is not None and (why := remote_code_refusal(target, container, engine, d)):
+        raise SpecError(why)
 
 
 def spec_config_for(arm: Arm, drafters: Mapping[str, DrafterArgs]) -> SpecConfig | None:
@@ -177,8 +229,23 @@ def canary_name(target: str, arm: Arm) -> str:
     name = f"{target}-spt-{slug}"
     if len(name) > 63:
         digest = hashlib.sha256(arm.name.encode()).hexdigest()[:8]
-        name = f"{target[: 63 - 14]}-spt-{digest}"
+        # A cut name may end in '.' or '-'; a DNS label must start and end alphanumeric.
+        name = f"{target[: 63 - 14].rstrip('.-')}-spt-{digest}"
     return name
+
+
+def owned_by(obj: Obj, uid: str) -> bool:
+    """Whether the operator made ``obj`` for the SpecTuning whose uid is ``uid``.
+
+    Both marks are required: an ownerReference to that uid (which only the creator of an
+    object, or someone allowed to edit it, can set) and the fingerprint annotation every
+    canary is created with. Labels alone are no proof: anyone who may create a Deployment
+    in the namespace can copy the canary labels, and a label selector matches them all.
+    """
+    meta = obj.get("metadata") or {}
+    refs = meta.get("ownerReferences") or []
+    owned = any(isinstance(r, dict) and r.get("uid") == uid for r in refs)
+    return bool(uid) and owned and ANNOTATION_FINGERPRINT in (meta.get("annotations") or {})
 
 
 def _owner(spt: Obj) -> Obj:
@@ -206,9 +273,11 @@ def canary_deployment(
 
     Keeps the target's pod template (image, resources, volumes, env, every label the Service
     selects on), renders the arm into the engine container's flags, and owns it by the
-    SpecTuning so it disappears with it.
+    SpecTuning so it disappears with it. A drafter model the target's ``--trust-remote-code``
+    may not run (:func:`remote_code_refusal`) raises :class:`~spectune.errors.SpecError`.
     """
     spec = spec_config_for(arm, drafters)
+    _check_remote_code(target, arm, drafters, container, engine)
     name = canary_name(target["metadata"]["name"], arm)
     template = copy.deepcopy(target["spec"]["template"])
     tmeta = template.setdefault("metadata", {})
@@ -256,9 +325,11 @@ def promote_patch(
     """A strategic-merge patch that rolls the target onto ``arm`` and records its fingerprint.
 
     Only the engine container's flag list and two annotations change; the Deployment's
-    rolling-update strategy replaces the pods.
+    rolling-update strategy replaces the pods. A drafter model the target's
+    ``--trust-remote-code`` may not run raises :class:`~spectune.errors.SpecError`.
     """
     spec = spec_config_for(arm, drafters)
+    _check_remote_code(target, arm, drafters, container, engine)
     c = _container(_template_spec(target), container)
     field, argv = container_argv(target, container)
     return {
@@ -271,6 +342,27 @@ def promote_patch(
             }
         },
     }
+
+
+def edit_guard(target: Obj, container: str | None, engine: str) -> str | None:
+    """Why the operator must not write the target's speculative setting now, or None.
+
+    The operator writes the target only over a setting it applied itself: the fingerprint
+    annotation must be there (it is written when tuning adopts the target) and match the
+    arguments the target runs. A missing annotation means someone removed it to adopt a hand
+    edit, which the next turn records before anything is written; a mismatch is a hand
+    edit, which is never overwritten.
+    """
+    annotations = target.get("metadata", {}).get("annotations") or {}
+    name = target.get("metadata", {}).get("name", "the target")
+    if ANNOTATION_FINGERPRINT not in annotations:
+        return (
+            f"Deployment {name} carries no {ANNOTATION_FINGERPRINT} annotation (it was removed "
+            "to adopt an edit); nothing is written until tuning has adopted the setting"
+        )
+    if human_edit(target, container, engine):
+        return f"the speculative arguments of Deployment {name} were edited by hand"
+    return None
 
 
 def human_edit(target: Obj, container: str | None, engine: str) -> bool:

@@ -120,7 +120,8 @@ class InPlaceActuator:
                         ANNOTATION_INCUMBENT: None,
                     }
                 }
-            }
+            },
+            guarded=False,
         )
 
     # -- the Actuator port ------------------------------------------------------------------
@@ -223,7 +224,8 @@ class InPlaceActuator:
                     "metadata": {
                         "annotations": {ANNOTATION_TRIAL: None, ANNOTATION_INCUMBENT: None}
                     }
-                }
+                },
+                guarded=False,
             )
             return
         incumbent = parse_arm(notes.get(ANNOTATION_INCUMBENT) or self._arm(target).name)

@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import hashlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -75,7 +76,15 @@ from spectune.errors import (
     SpecTuneError,
     UnauthorizedError,
 )
-from spectune.k8s.actuator import ForbiddenError, KubeActuator, TargetMissingError, api_error
+from spectune.k8s.actuator import (
+    CONFLICT_BACKOFF_S,
+    ForbiddenError,
+    HumanEditError,
+    KubeActuator,
+    NotOwnedError,
+    TargetMissingError,
+    api_error,
+)
 from spectune.k8s.deployments import (
     ANNOTATION_FINGERPRINT,
     DrafterArgs,
@@ -85,6 +94,7 @@ from spectune.k8s.deployments import (
     fingerprint,
     human_edit,
     model_version,
+    remote_code_refusal,
     spec_config_for,
 )
 from spectune.k8s.inplace import ANNOTATION_TRIAL, InPlaceActuator, InPlaceMetrics
@@ -118,10 +128,12 @@ from spectune.settings import Settings
 
 __all__ = [
     "Claims",
+    "CleanupReport",
     "EventSink",
     "MetricsOutageError",
     "TuningLoop",
     "WallClock",
+    "check_remote_code",
     "check_supported",
     "cleanup",
     "detect_engine",
@@ -139,8 +151,6 @@ and is not being deleted; the oldest one tunes it."""
 _WARNINGS = frozenset(
     {"TrialAborted", "TrialInfeasible", "AcceptanceDrift", "HumanEdit", "RolledBack"}
 )
-_CONFLICT_RETRIES = 5
-"""Status writes tried in a row while they conflict (HTTP 409)."""
 _FORBIDDEN_RETRY_S = 5.0
 """Seconds (at least ``SPECTUNE_POLL_SECONDS``) before a forbidden call is tried again."""
 
@@ -322,14 +332,63 @@ def detect_engine(spec: SpecTuningSpec, target: Obj) -> Engine:
     return Engine.VLLM
 
 
-def drafters_of(spec: SpecTuningSpec) -> dict[str, DrafterArgs]:
-    """The spec's drafters as the Deployment builders take them."""
+def drafters_of(spec: SpecTuningSpec, allow: Sequence[str] = ()) -> dict[str, DrafterArgs]:
+    """The spec's drafters as the Deployment builders take them.
+
+    ``allow`` is the operator's drafter-model allow-list (``SPECTUNE_DRAFTER_MODEL_ALLOW_LIST``,
+    ``fnmatch`` patterns). Each drafter records whether its model may run on a target started
+    with ``--trust-remote-code`` (:func:`~spectune.k8s.deployments.remote_code_refusal`): only
+    when ``spec.trustRemoteCode.allowedDrafterModels`` lists it AND ``allow`` matches it. The
+    SpecTuning's list is its author's opt-in and can only narrow the operator's, which is the
+    authority: an author who may create SpecTunings cannot make a canary run code from a
+    repository the operator's administrator did not allow.
+    """
+    listed = set(spec.trust_remote_code.allowed_drafter_models) if spec.trust_remote_code else set()
     return {
         d.name: DrafterArgs(
-            d.name, d.method.value, d.model, d.prompt_lookup_min, d.prompt_lookup_max
+            d.name,
+            d.method.value,
+            d.model,
+            d.prompt_lookup_min,
+            d.prompt_lookup_max,
+            None if d.model is None else _remote_code_refused(d.model, listed, allow),
         )
         for d in spec.drafters
     }
+
+
+def _remote_code_refused(model: str, listed: set[str], allow: Sequence[str]) -> str | None:
+    """Why ``model`` may not run with ``--trust-remote-code`` (None: it may)."""
+    author = model in listed
+    operator = any(fnmatch.fnmatchcase(model, pattern) for pattern in allow)
+    if author and operator:
+        return None
+    missing = []
+    if not author:
+        missing.append("spec.trustRemoteCode.allowedDrafterModels does not list it")
+    if not operator:
+        missing.append(
+            "the operator's allow-list does not match it (SPECTUNE_DRAFTER_MODEL_ALLOW_LIST, "
+            "chart value operator.drafterModelAllowList; its administrator sets it)"
+        )
+    return " and ".join(missing)
+
+
+def check_remote_code(
+    spec: SpecTuningSpec, target: Obj, engine: Engine, allow: Sequence[str]
+) -> None:
+    """Refuse a spec whose drafter models may not run with the target's --trust-remote-code.
+
+    Raises :class:`SpecError` naming every such drafter and the fix, before any canary.
+    """
+    container = spec.target_ref.container
+    refusals = [
+        why
+        for d in drafters_of(spec, allow).values()
+        if (why := remote_code_refusal(target, container, engine.value, d))
+    ]
+    if refusals:
+        raise SpecError("; ".join(refusals))
 
 
 def _seed(uid: str) -> int:
@@ -401,6 +460,14 @@ class TuningLoop:
         self._ns: str = meta["namespace"]
         self._name: str = meta["name"]
         self._status = _safe_status(body)
+        self._server_status = self._status
+        """The status as the API server holds it (last read or written)."""
+        self._server_doc: dict[str, Any] | None = None
+        """The document last written (a write equal to it has nothing new)."""
+        self._rv: str | None = meta.get("resourceVersion")
+        """The SpecTuning's resourceVersion as last read or written: the write precondition."""
+        self._unwritten: list[StatusInputs] = []
+        self._written_at: float | None = None
         self._built: _Built | None = None
         self._failures = 0
         self._paused = False
@@ -428,40 +495,112 @@ class TuningLoop:
     async def _write(self, inputs: StatusInputs) -> None:
         """Write the status built from ``inputs`` over the last one written.
 
-        A conflict (HTTP 409) is retried with the status read afresh: the conditions'
-        transition times and anything the inputs do not carry come from what the API server
-        holds now, and the loop's memory (history, state) comes from the inputs, so nothing
-        is lost.
+        Writes are guarded and rate-limited:
+
+        * optimistic concurrency: the patch carries the resourceVersion the loop last read or
+          wrote, so the API server refuses it (HTTP 409) if anyone wrote the SpecTuning in
+          between. The loop then reads it again and re-merges what it owns — every input
+          since its last successful write, over the fresh status — and writes again, up to
+          :data:`~spectune.k8s.actuator.CONFLICT_BACKOFF_S` tries with growing waits. What the
+          loop owns (the phase, the conditions it sets, applied, recommendation, acceptance,
+          diagnosis, trials, history) is its own to write; everything else, conditions of
+          other types included, comes from the fresh read, so another writer's field is
+          never lost;
+        * a write with nothing new (the same document as the last one written: a paused,
+          suspended or waiting loop looking again) is never sent;
+        * otherwise at most one write per ``SPECTUNE_STATUS_INTERVAL_SECONDS``, except when
+          the phase, a condition's status or reason, the applied arm or a trial's outcome
+          changes (:meth:`_urgent`), which is written at once. A
+          write held back is folded into the next one and sent at the next look (a poll
+          while waiting, or while a window runs), so nothing is lost, only later.
         """
-        for _ in range(_CONFLICT_RETRIES):
-            doc = build_status(self._status, inputs)
+        self._unwritten.append(inputs)
+        doc = self._fold()
+        self._status = parse_status(doc)
+        self._report(inputs.phase)
+        if doc == self._server_doc:
+            self._unwritten.clear()
+            return
+        if self._urgent(self._status) or self._interval_passed():
+            await self._send()
+
+    def _fold(self) -> dict[str, Any]:
+        """The status the loop means: its inputs since the last write, over the server's."""
+        status = self._server_status
+        doc: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for x in self._unwritten:
+            doc = build_status(status, x)
+            status = parse_status(doc)
+        return doc
+
+    def _urgent(self, new: SpecTuningStatus) -> bool:
+        """Whether ``new`` tells something a user waits for: not held back by the rate limit.
+
+        The phase, a condition's status or reason, the arm the target runs, and a trial
+        started or ended change a few times per window at most; what changes on every look
+        (figures, messages, window counts) is what the limit holds back.
+        """
+        old = self._server_status
+
+        def key(s: SpecTuningStatus) -> tuple[object, ...]:
+            return (
+                s.phase,
+                frozenset((c.type, c.status.value, c.reason) for c in s.conditions),
+                s.applied.arm if s.applied is not None else None,
+                tuple((t.arm, t.outcome) for t in s.trials),
+            )
+
+        return key(new) != key(old)
+
+    def _interval_passed(self) -> bool:
+        last = self._written_at
+        return last is None or self._clock.now() - last >= self._settings.status_interval_s
+
+    async def _flush(self) -> None:
+        """Send a write held back by the rate limit, once its interval has passed."""
+        if self._unwritten and self._interval_passed():
+            await self._send()
+
+    async def _send(self) -> None:
+        for wait in CONFLICT_BACKOFF_S:
+            await asyncio.sleep(wait)
+            if self._rv is None:
+                await self._reread()
+            doc = self._fold()
             try:
-                await asyncio.to_thread(
+                res = await asyncio.to_thread(
                     self._custom.patch_namespaced_custom_object_status,
                     GROUP,
                     VERSION,
                     self._ns,
                     PLURAL,
                     self._name,
-                    {"status": doc},
+                    {"metadata": {"resourceVersion": self._rv}, "status": doc},
                 )
             except ApiException as exc:
                 if exc.status == 404:
+                    self._unwritten.clear()
                     return  # deleted meanwhile
                 if exc.status == 409:
-                    await self._reread()
+                    await self._reread()  # someone else wrote: merge over what they wrote
                     continue
                 raise api_error(exc, f"write the status of {self._ns}/{self._name}") from None
-            self._status = parse_status(doc)
-            self._report(inputs.phase)
+            meta = res.get("metadata") if isinstance(res, dict) else None
+            self._rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+            self._server_status = parse_status(doc)
+            self._server_doc = doc
+            self._status = self._server_status
+            self._unwritten.clear()
+            self._written_at = self._clock.now()
             return
         raise SourceUnavailableError(
             f"the status of {self._ns}/{self._name} kept conflicting (HTTP 409) "
-            f"{_CONFLICT_RETRIES} times in a row; will retry"
+            f"{len(CONFLICT_BACKOFF_S)} times in a row over {sum(CONFLICT_BACKOFF_S):.1f} s; "
+            "will retry"
         )
 
     async def _reread(self) -> None:
-        """Refresh the last written status from the API server (after a conflict)."""
+        """The SpecTuning's status and resourceVersion afresh from the API server."""
         try:
             obj = await asyncio.to_thread(
                 self._custom.get_namespaced_custom_object,
@@ -473,7 +612,11 @@ class TuningLoop:
             )
         except ApiException as exc:
             raise api_error(exc, f"read {self._ns}/{self._name}") from None
-        self._status = _safe_status(obj if isinstance(obj, dict) else {})
+        fresh = obj if isinstance(obj, dict) else {}
+        self._rv = (fresh.get("metadata") or {}).get("resourceVersion")
+        self._server_status = _safe_status(fresh)
+        self._server_doc = None
+        self._status = parse_status(self._fold())
 
     def _report(self, phase: Phase) -> None:
         t = self._telemetry
@@ -505,6 +648,7 @@ class TuningLoop:
 
     async def _wait(self) -> None:
         await self._clock.sleep(self._settings.poll_s)
+        await self._flush()
 
     # -- the turn -------------------------------------------------------------------------------
 
@@ -548,7 +692,7 @@ class TuningLoop:
     async def _turn(self) -> None:
         gen = self._generation
         try:
-            spec = parse_spec(self._body["spec"])
+            spec = parse_spec(self._body)
             check_supported(spec)
         except SpecError as exc:
             memory = await self._stand_down(f"the spec became invalid: {exc}")
@@ -569,6 +713,12 @@ class TuningLoop:
             await self._target_missing(spec, str(exc))
         except ForbiddenError:
             raise
+        except HumanEditError as exc:  # an edit that landed during the step: nothing written
+            log.info("%s/%s: %s", self._ns, self._name, exc)
+            if self._built is not None:
+                await self._pause(self._built, await self._built.actuator.inner.read_target())
+        except NotOwnedError as exc:
+            await self._not_owned(str(exc))
         except AuthSecretError as exc:  # the user may create the Secret: look again later
             memory = await self._stand_down("the Prometheus credentials cannot be used")
             self._built = None
@@ -647,6 +797,20 @@ class TuningLoop:
             c.history = c.history.update_last(running.ended(Outcome.ABORTED, why[:300]))
             self._emit("Warning", "TrialAborted", f"{running.arm}: {why[:300]}; canary removed")
         return self._memory()
+
+    async def _not_owned(self, message: str) -> None:
+        """A canary's name is taken by a Deployment that is not ours: say so, touch nothing."""
+        self._emit("Warning", "NameTaken", message)
+        await self._write(
+            StatusInputs(
+                phase=self._status.phase or Phase.BASELINE,
+                generation=self._generation,
+                now=_now(),
+                memory=self._memory(),
+                conditions=(_cond("Ready", False, "NameTaken", message),),
+            )
+        )
+        await self._wait()
 
     async def _secret_missing(self, message: str, memory: Memory | None) -> None:
         await self._write(
@@ -766,7 +930,7 @@ class TuningLoop:
             spec.target_ref.name,
             spec.target_ref.container,
             engine.value,
-            drafters_of(spec),
+            drafters_of(spec, self._settings.drafter_model_allow_list),
             spec.search.canary_replicas,
         )
         if spec.search.strategy is Strategy.IN_PLACE:
@@ -852,6 +1016,7 @@ class TuningLoop:
         first = KubeActuator(self._api, self._spt(), spec.target_ref.name, None, "vllm", {})
         target = await first.read_target()
         engine = detect_engine(spec, target)
+        check_remote_code(spec, target, engine, s.drafter_model_allow_list)
         drafters = drafters_of(spec)
         inner = self._strategy(spec, engine)
         if isinstance(inner, InPlaceActuator):
@@ -903,6 +1068,7 @@ class TuningLoop:
             end = self._clock.now() + seconds
             while (left := end - self._clock.now()) > 0:
                 await self._clock.sleep(min(left, cfg.poll_s))
+                await self._flush()  # a status write the rate limit held back
                 if left <= cfg.poll_s:
                     return
                 if self._generation != built_for:
@@ -1319,12 +1485,33 @@ def _safe_status(body: Mapping[str, Any]) -> SpecTuningStatus:
         return SpecTuningStatus()
 
 
-async def cleanup(api: k8s.ApiClient, body: Mapping[str, Any]) -> str:
+@dataclass(frozen=True)
+class CleanupReport:
+    """What :func:`cleanup` did, what it left on purpose, and what failed (to retry)."""
+
+    done: tuple[str, ...] = ()
+    left: tuple[str, ...] = ()
+    """Left as it is on purpose (a hand edit is never overwritten)."""
+    failed: tuple[str, ...] = ()
+    """Not done because a call failed; trying again may do it."""
+
+    def __str__(self) -> str:
+        parts = list(self.done) + list(self.left)
+        parts += [f"NOT DONE: {f}" for f in self.failed]
+        return "; ".join(parts) or "nothing to do"
+
+
+async def cleanup(
+    api: k8s.ApiClient, body: Mapping[str, Any], allow: Sequence[str] = ()
+) -> CleanupReport:
     """On deletion: remove the canaries; restore the original setting when asked.
 
-    Returns what was done, for the log. The target otherwise stays on the last promoted
-    setting: an in-place trial under way is rolled back to it. An invalid spec still gets its
-    canaries removed (they are found by label).
+    The target otherwise stays on the last promoted setting: an in-place trial under way is
+    rolled back to it. An invalid spec still gets its canaries removed (they are found by
+    label and ownership). Every step is tried even when an earlier one failed, and a failure
+    is reported, not raised, so the delete handler can say what remains and let the
+    SpecTuning go (``handlers.py``). A hand-edited target is never written: neither the
+    in-place rollback nor ``restoreOnDelete`` overwrites an edit, paused or new.
     """
     meta = body["metadata"]
     spt = {
@@ -1332,38 +1519,75 @@ async def cleanup(api: k8s.ApiClient, body: Mapping[str, Any]) -> str:
         "kind": "SpecTuning",
         "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
     }
+    done: list[str] = []
+    left: list[str] = []
+    failed: list[str] = []
+
+    def report() -> CleanupReport:
+        return CleanupReport(tuple(done), tuple(left), tuple(failed))
+
     raw_spec = body.get("spec") or {}
     target_name = str((raw_spec.get("targetRef") or {}).get("name", ""))
     bare = KubeActuator(api, spt, target_name, None, "vllm", {})
-    await bare.stop_canary()
+    try:
+        await bare.stop_canary()
+        done.append("canaries removed")
+    except SpecTuneError as exc:
+        failed.append(
+            f"removing the canaries ({exc}); they are owned by the SpecTuning, so Kubernetes' "
+            "garbage collector deletes them with it"
+        )
     try:
         spec = parse_spec(raw_spec)
     except SpecError:
-        return "canaries removed (the spec is invalid, the target is untouched)"
+        left.append("the spec is invalid, the target is untouched")
+        return report()
     try:
         target = await bare.read_target()
     except TargetMissingError:
-        return "canaries removed; the target is gone"
+        left.append("the target is gone")
+        return report()
+    except SpecTuneError as exc:
+        failed.append(f"reading the target ({exc}), so it was neither rolled back nor restored")
+        return report()
     engine = detect_engine(spec, target)
     kube = KubeActuator(
-        api, spt, spec.target_ref.name, spec.target_ref.container, engine.value, drafters_of(spec)
+        api,
+        spt,
+        spec.target_ref.name,
+        spec.target_ref.container,
+        engine.value,
+        drafters_of(spec, allow),
     )
-    done = "canaries removed"
-    if ANNOTATION_TRIAL in (target.get("metadata", {}).get("annotations") or {}):
-        in_place = InPlaceActuator(kube)
-        await in_place.stop_canary()
-        await in_place.settle()
-        target = await bare.read_target()
-        done = "the in-place trial rolled back"
-    if not spec.restore_on_delete or spec.mode is Mode.RECOMMEND:
-        return f"{done}; the target stays on its current setting"
-    memory = load_memory(_safe_status(body).history)
-    if memory.original is None:
-        return f"{done}; no original setting recorded, the target is untouched"
-    current = arm_from_spec(
-        current_spec(target, spec.target_ref.container, engine.value), drafters_of(spec)
-    )
-    if current.name == memory.original:
-        return f"{done}; the target already runs the original {memory.original}"
-    await kube.promote(parse_arm(memory.original))
-    return f"{done}; the target restored to its original {memory.original}"
+    try:
+        if ANNOTATION_TRIAL in (target.get("metadata", {}).get("annotations") or {}):
+            in_place = InPlaceActuator(kube)
+            await in_place.stop_canary()
+            await in_place.settle()
+            target = await bare.read_target()
+            done.append("the in-place trial rolled back")
+        if not spec.restore_on_delete or spec.mode is Mode.RECOMMEND:
+            left.append("the target stays on its current setting")
+            return report()
+        memory = load_memory(_safe_status(body).history)
+        if memory.original is None:
+            left.append("no original setting recorded, the target is untouched")
+            return report()
+        current = arm_from_spec(
+            current_spec(target, spec.target_ref.container, engine.value), drafters_of(spec)
+        )
+        if current.name == memory.original:
+            left.append(f"the target already runs the original {memory.original}")
+            return report()
+        await kube.promote(parse_arm(memory.original))
+        done.append(f"the target restored to its original {memory.original}")
+    except HumanEditError as exc:
+        left.append(f"the target is left as it is: {exc}")
+    except ForbiddenError as exc:  # the RBAC may be fixed: worth another try
+        failed.append(f"the rollback or restore of Deployment {spec.target_ref.name} ({exc})")
+    except SpecError as exc:  # nothing another try would change
+        left.append(f"the target is left as it is: {exc}")
+    except SpecTuneError as exc:
+        what = "restoring the original setting" if spec.restore_on_delete else "the rollback"
+        failed.append(f"{what} of Deployment {spec.target_ref.name} ({exc})")
+    return report()

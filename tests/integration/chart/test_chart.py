@@ -512,3 +512,16 @@ def test_prometheus_credentials_grant_get_on_the_named_secrets_only(
         assert not _can(cluster, sa, "get", "secrets/prom-auth", "kube-system")
     finally:
         cluster.helm("uninstall", release, "-n", namespace, "--wait", "--timeout", "60s")
+
+
+def test_template_operator_bounds_and_the_drafter_allow_list(cluster_bin: Path) -> None:
+    """The status interval and the cleanup timeout reach the operator with their defaults;
+    the drafter allow-list (the authority over models run with --trust-remote-code) is
+    absent by default (nothing allowed) and joined with commas when set."""
+    env = _env(_by_kind(_template(cluster_bin))["Deployment"][0])
+    assert env["SPECTUNE_STATUS_INTERVAL_SECONDS"] == "10"
+    assert env["SPECTUNE_CLEANUP_TIMEOUT_SECONDS"] == "300"
+    assert "SPECTUNE_DRAFTER_MODEL_ALLOW_LIST" not in env
+    allowed = "operator.drafterModelAllowList={yuhuili/*,meta-llama/Llama-3.2-1B}"
+    env = _env(_by_kind(_template(cluster_bin, "--set", allowed))["Deployment"][0])
+    assert env["SPECTUNE_DRAFTER_MODEL_ALLOW_LIST"] == "yuhuili/*,meta-llama/Llama-3.2-1B"

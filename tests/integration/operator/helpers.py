@@ -51,13 +51,17 @@ def deployment(args: list[str], name: str = TARGET) -> dict[str, Any]:
 
 
 def spectuning(prom_url: str, name: str = "tune", **spec: Any) -> dict[str, Any]:
-    """A SpecTuning of the target with one EAGLE-3 drafter and 10 s windows."""
+    """A SpecTuning of the target with one EAGLE-3 drafter and 5 m windows.
+
+    The operator runs with ``SPECTUNE_TIME_SCALE=30`` (``conftest.start_operator``), as the
+    simulated pods do, so a 5 m window of serving is 10 s of wall time.
+    """
     body: dict[str, Any] = {
         "targetRef": {"name": TARGET, "container": "vllm"},
         "engine": "vllm",
         "metrics": {"prometheus": {"url": prom_url}},
         "drafters": [{"name": "eagle3", "method": "eagle3", "model": EAGLE, "maxK": 3}],
-        "search": {"window": "10s", "maxTrials": 4},
+        "search": {"window": "5m", "maxTrials": 4},
     }
     body.update(spec)
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": body}

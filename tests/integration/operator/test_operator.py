@@ -122,7 +122,7 @@ def test_in_place_strategy_tunes_the_target_itself(
     env.create_target(["serve", MODEL])
     sims = sim_pods(namespace)
     op = start_operator(namespace)
-    env.create_spt(spectuning(prometheus.url, search={"window": "10s", "maxTrials": 3,
+    env.create_spt(spectuning(prometheus.url, search={"window": "5m", "maxTrials": 3,
                                                       "strategy": "inPlace"}))  # fmt: skip
     why = diagnostics(env, op, sims)
     seen_trials: set[str] = set()
@@ -231,7 +231,7 @@ def test_human_edit_pauses_tuning_and_nothing_is_overwritten(
     env.create_target(["serve", MODEL])
     sims = sim_pods(namespace)
     op = start_operator(namespace)
-    env.create_spt(spectuning(prometheus.url, search={"window": "20s", "maxTrials": 4}))
+    env.create_spt(spectuning(prometheus.url, search={"window": "10m", "maxTrials": 4}))
     why = diagnostics(env, op, sims)
     wait_for(
         lambda: "spectune.io/fingerprint" in (env.target().metadata.annotations or {}),

@@ -112,7 +112,7 @@ def test_the_standby_takes_over_when_the_leader_is_killed_mid_trial(
         )
 
     a = replica("replica-a")
-    env.create_spt(spectuning(prometheus.url, search={"window": "10s", "maxTrials": 3}))
+    env.create_spt(spectuning(prometheus.url, search={"window": "5m", "maxTrials": 3}))
     why = diagnostics(env, a, sims)
     uid = env.spt()["metadata"]["uid"]
     with CanaryWatch(env) as watch:

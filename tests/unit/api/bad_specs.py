@@ -149,6 +149,10 @@ BAD_SPECS = [
     ),
     BadSpec("window-not-a-duration", {"search": {"window": "5 min"}}, "spec.search.window"),
     BadSpec("window-zero", {"search": {"window": "0s"}}, "spec.search.window"),
+    # bounds on what costs the operator (issue O item 8): a window under 30 s
+    BadSpec("window-below-minimum", {"search": {"window": "10s"}}, "spec.search.window"),
+    BadSpec("window-in-milliseconds", {"search": {"window": "500ms"}}, "spec.search.window"),
+    BadSpec("window-just-under-minimum", {"search": {"window": "29.9s"}}, "spec.search.window"),
     BadSpec(
         "drift-for-not-a-duration",
         {"retune": {"drift": {"for": "half an hour"}}},

@@ -88,7 +88,14 @@ def test_duration_fields_carry_the_pattern_and_the_positive_rule() -> None:
     for path in (".spec.search.window", ".spec.retune.every", ".spec.retune.drift.for"):
         node = nodes[path]
         assert node["type"] == "string" and node["pattern"].startswith("^("), path
-        assert [r["rule"] for r in node["x-kubernetes-validations"]] == ["self.matches('[1-9]')"]
+        rules = [r["rule"] for r in node["x-kubernetes-validations"]]
+        assert rules[0] == "self.matches('[1-9]')", path
+        # The window alone has a minimum (30 s), written as a CEL rule on Go durations.
+        assert rules[1:] == (
+            ["self.contains('d') || duration(self) >= duration('30s')"]
+            if path == ".spec.search.window"
+            else []
+        ), path
 
 
 def test_resource_names_status_subresource_and_printer_columns() -> None:

@@ -25,7 +25,7 @@ from spectune.k8s import actuator as actuator_module
 from spectune.k8s.actuator import CONFLICT_BACKOFF_S, KubeActuator
 from spectune.k8s.deployments import DrafterArgs
 from spectune.search.arms import Arm
-from tests.unit.operator.fakes import EAGLE, MODEL, target
+from tests.unit.operator.fakes import EAGLE, MODEL, adopted, target
 
 DRAFTERS = {"eagle3": DrafterArgs("eagle3", "eagle3", EAGLE)}
 
@@ -43,7 +43,7 @@ class ChurningApps:
     ``churn`` reads (a status write landing between the operator's read and its patch)."""
 
     def __init__(self, churn: int) -> None:
-        self.obj = target()
+        self.obj = adopted(target())  # tuning adopted it: its fingerprint is there
         self.churn = churn
         self.reads = 0
         self.refused = 0

@@ -26,12 +26,14 @@ from spectune.metrics.observation import Observation
 from spectune.search.arms import Arm
 from spectune.search.history import History, WindowRecord
 from spectune.search.objective import WindowStats
-from tests.unit.operator.fakes import EAGLE, FakeKube, FakeWorld
+from tests.unit.operator.fakes import EAGLE, FakeKube, FakeWorld, adopted
 
 DRAFTERS = {"eagle3": DrafterArgs("eagle3", "eagle3", EAGLE)}
 
 
 def _actuator(world: FakeWorld) -> InPlaceActuator:
+    if world.target is not None:
+        adopted(world.target)  # the tuning loop adopts the target before any trial
     FakeKube.world = world
     kube = FakeKube(None, {}, "llama", "vllm", "vllm", DRAFTERS)
     return InPlaceActuator(kube)  # type: ignore[arg-type]

@@ -18,12 +18,13 @@ from kubernetes.client.exceptions import ApiException
 
 from spectune.control.ports import Deployment
 from spectune.errors import SourceUnavailableError
-from spectune.k8s.actuator import TargetMissingError
+from spectune.k8s.actuator import HumanEditError, TargetMissingError
 from spectune.k8s.deployments import (
     ANNOTATION_FINGERPRINT,
     DrafterArgs,
     arm_from_spec,
     current_spec,
+    edit_guard,
     fingerprint,
     model_version,
     promote_patch,
@@ -53,6 +54,13 @@ def target(args: list[str] | None = None) -> Obj:
     }  # fmt: skip
 
 
+def adopted(deployment: Obj) -> Obj:
+    """``deployment`` with the fingerprint annotation of what it runs, as tuning adopts it."""
+    spec = current_spec(deployment, None, "vllm")
+    deployment["metadata"].setdefault("annotations", {})[ANNOTATION_FINGERPRINT] = fingerprint(spec)
+    return deployment
+
+
 def _merge(into: Obj, patch: Mapping[str, Any]) -> None:
     """JSON merge patch, with containers merged by name (as a strategic merge patch does)."""
     for k, v in patch.items():
@@ -78,8 +86,10 @@ class FakeWorld:
     status: Obj = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)
     conflicts: int = 0
-    """Status patches still to answer with HTTP 409 (then the write goes through)."""
+    """Status patches still to be preceded by another writer's write (so they answer 409)."""
     answered_409: int = 0
+    resource_version: int = 1
+    """The SpecTuning's resourceVersion: every write moves it on."""
     failing: bool = False
     """Whether Prometheus fails (connection refused) for every window."""
     mix: list[Obj] = field(default_factory=list)
@@ -174,8 +184,11 @@ class FakeKube:
         self.world.patch_target({"metadata": {"annotations": {
             ANNOTATION_FINGERPRINT: fingerprint(spec)}}})  # fmt: skip
 
-    async def patch_target(self, build: Any) -> Obj:
+    async def patch_target(self, build: Any, *, guarded: bool = True) -> Obj:
+        """As the real one: a guarded write refuses a hand-edited target (the real guard)."""
         t = await self.read_target()
+        if guarded and (why := edit_guard(t, self.container, self.engine)):
+            raise HumanEditError(f"{why}; not overwritten")
         self.world.patch_target(build(t))
         return t
 
@@ -218,24 +231,37 @@ class FakeProm:
 
 
 class FakeCustom:
-    """A fake CustomObjectsApi for one SpecTuning: lists it, reads and patches its status."""
+    """A fake CustomObjectsApi for one SpecTuning: lists it, reads and patches its status.
+
+    Like the API server, it refuses (HTTP 409) a patch whose ``metadata.resourceVersion`` is
+    not the object's current one; ``world.conflicts`` makes another writer write the status
+    (moving the resourceVersion on) just before that many of the operator's patches.
+    """
 
     def __init__(self, world: FakeWorld, body: Obj) -> None:
         self.world = world
         self.body = body
 
+    def _meta(self) -> Obj:
+        return {**self.body["metadata"], "resourceVersion": str(self.world.resource_version)}
+
     def list_namespaced_custom_object(self, *_: Any) -> Obj:
         return {"items": [self.body]}
 
     def get_namespaced_custom_object(self, *_: Any) -> Obj:
-        return {**self.body, "status": copy.deepcopy(self.world.status)}
+        return {**self.body, "metadata": self._meta(), "status": copy.deepcopy(self.world.status)}
 
     def patch_namespaced_custom_object_status(self, *args: Any) -> Obj:
+        patch = args[-1]
         if self.world.conflicts > 0:
             self.world.conflicts -= 1
+            self.world.resource_version += 1  # someone else's write lands first
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None and wanted != str(self.world.resource_version):
             self.world.answered_409 += 1
             raise ApiException(status=409, reason="Conflict")
-        doc = args[-1]["status"]
+        doc = patch["status"]
         self.world.status_writes.append(copy.deepcopy(doc))
         self.world.status = copy.deepcopy(doc)
-        return {}
+        self.world.resource_version += 1
+        return {**self.body, "metadata": self._meta(), "status": copy.deepcopy(doc)}

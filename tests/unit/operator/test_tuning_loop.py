@@ -55,7 +55,7 @@ def _body(**spec: Any) -> dict[str, Any]:
             "engine": "vllm",
             "metrics": {"prometheus": {"url": "http://prometheus:9090"}},
             "drafters": [{"name": "eagle3", "method": "eagle3", "model": EAGLE, "maxK": 3}],
-            "search": {"window": "10s"},
+            "search": {"window": "30s"},
             **spec,
         },
     }  # fmt: skip
