@@ -6,10 +6,14 @@ conditions and events, and the Deployments.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
 
 from spectune.api.names import API_VERSION, GROUP, KIND, PLURAL, VERSION
@@ -167,3 +171,60 @@ def diagnostics(env: Env, op: OperatorProcess, sims: SimPods | None = None) -> C
         )
 
     return show
+
+
+RBAC = Path(__file__).resolve().parents[3] / "deploy" / "rbac.yaml"
+
+
+@contextlib.contextmanager
+def kubeconfig_without(
+    cluster: Cluster, operator_kubeconfig: Path, tmp_path: Path, verb: str
+) -> Iterator[tuple[Path, Callable[[], None]]]:
+    """A ServiceAccount bound to a copy of ``deploy/rbac.yaml``'s ClusterRoles (their rules
+    together) without ``verb`` on Deployments; yields its kubeconfig and a function that gives
+    the verb back. Everything is removed on exit."""
+    suffix = tmp_path.name[-20:].lower().replace("_", "-").strip("-")
+    name = f"spectune-no{verb}-{suffix}"
+    docs = list(yaml.safe_load_all(RBAC.read_text()))
+    rules = [copy.deepcopy(r) for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
+    full = copy.deepcopy(rules)
+    for rule in rules:
+        if rule["apiGroups"] == ["apps"] and "deployments" in rule["resources"]:
+            rule["verbs"] = [v for v in rule["verbs"] if v != verb]
+    sa_ns = "spectune-system"
+    rbac = client.RbacAuthorizationV1Api(cluster.api)
+    core = client.CoreV1Api(cluster.api)
+    core.create_namespaced_service_account(sa_ns, {"metadata": {"name": name}})
+    rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": sa_ns}],
+        }
+    )
+    token = core.create_namespaced_service_account_token(
+        name,
+        sa_ns,
+        client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+        ),
+    ).status.token
+    doc = yaml.safe_load(operator_kubeconfig.read_text())
+    doc["users"][0]["user"]["token"] = token
+    path = tmp_path / f"kubeconfig-no{verb}"
+    path.write_text(yaml.safe_dump(doc))
+
+    def restore() -> None:
+        rbac.patch_cluster_role(name, {"rules": full})
+
+    try:
+        yield path, restore
+    finally:
+        rbac.delete_cluster_role_binding(name)
+        rbac.delete_cluster_role(name)
+        core.delete_namespaced_service_account(name, sa_ns)

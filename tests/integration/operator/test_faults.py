@@ -9,7 +9,6 @@ Deployments. Windows are 10 s of wall time on a simulator running 30x faster.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import os
 import signal
@@ -22,18 +21,18 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
 
 from spectune.api.names import KIND
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.prometheus import Prometheus
 from tests.fixtures.simpods import DEFAULT_SCENARIO, SimPods
-from tests.integration.operator.conftest import RBAC, OperatorProcess
+from tests.integration.operator.conftest import OperatorProcess
 from tests.integration.operator.helpers import (
     MODEL,
     TARGET,
     Env,
     diagnostics,
+    kubeconfig_without,
     spectuning,
 )
 
@@ -402,57 +401,9 @@ def test_second_spectuning_on_a_deployment_is_refused(
 def crippled_kubeconfig(
     cluster: Cluster, operator_kubeconfig: Path, tmp_path: Path
 ) -> Iterator[tuple[Path, Callable[[], None]]]:
-    """A ServiceAccount bound to a copy of ``deploy/rbac.yaml``'s ClusterRoles (their rules
-    together) without ``patch`` on Deployments; yields its kubeconfig and a function that gives
-    the verb back."""
-    suffix = tmp_path.name[-20:].lower().replace("_", "-").strip("-")
-    name = f"spectune-nopatch-{suffix}"
-    docs = list(yaml.safe_load_all(RBAC.read_text()))
-    roles = [d for d in docs if d["kind"] == "ClusterRole"]
-    role = copy.deepcopy(roles[0])
-    role["rules"] = [copy.deepcopy(r) for d in roles for r in d["rules"]]
-    full = copy.deepcopy(role)
-    role["metadata"]["name"] = name
-    for rule in role["rules"]:
-        if rule["apiGroups"] == ["apps"] and "deployments" in rule["resources"]:
-            rule["verbs"] = [v for v in rule["verbs"] if v != "patch"]
-    sa_ns = "spectune-system"
-    rbac = client.RbacAuthorizationV1Api(cluster.api)
-    core = client.CoreV1Api(cluster.api)
-    core.create_namespaced_service_account(sa_ns, {"metadata": {"name": name}})
-    rbac.create_cluster_role(role)
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": name},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": name,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": sa_ns}],
-        }
-    )
-    token = core.create_namespaced_service_account_token(
-        name,
-        sa_ns,
-        client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
-        ),
-    ).status.token
-    doc = yaml.safe_load(operator_kubeconfig.read_text())
-    doc["users"][0]["user"]["token"] = token
-    path = tmp_path / "kubeconfig-nopatch"
-    path.write_text(yaml.safe_dump(doc))
-
-    def restore() -> None:
-        rbac.patch_cluster_role(name, {"rules": full["rules"]})
-
-    try:
-        yield path, restore
-    finally:
-        rbac.delete_cluster_role_binding(name)
-        rbac.delete_cluster_role(name)
-        core.delete_namespaced_service_account(name, sa_ns)
+    """The operator's permissions without ``patch`` on Deployments, and a way to give it back."""
+    with kubeconfig_without(cluster, operator_kubeconfig, tmp_path, "patch") as made:
+        yield made
 
 
 def test_missing_rbac_verb_is_named_and_the_operator_keeps_running(

@@ -11,15 +11,13 @@ arguments and resourceVersions, the SpecTuning's status and events.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from kubernetes import client, config
+from kubernetes import config
 from kubernetes.client.exceptions import ApiException
 
 from spectune.api.names import GROUP, PLURAL, VERSION
@@ -28,7 +26,7 @@ from spectune.k8s.deployments import DrafterArgs, canary_name
 from spectune.search.arms import Arm
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.prometheus import free_port
-from tests.integration.operator.conftest import RBAC, OperatorProcess
+from tests.integration.operator.conftest import OperatorProcess
 from tests.integration.operator.helpers import (
     EAGLE,
     MODEL,
@@ -36,6 +34,7 @@ from tests.integration.operator.helpers import (
     Env,
     arm_of,
     deployment,
+    kubeconfig_without,
     spectuning,
 )
 
@@ -364,53 +363,10 @@ def test_a_concurrent_status_write_gets_a_real_409_and_nothing_is_lost(
 def kubeconfig_without_delete(
     cluster: Cluster, operator_kubeconfig: Path, tmp_path: Path
 ) -> Iterator[Path]:
-    """A ServiceAccount bound to a copy of ``deploy/rbac.yaml``'s ClusterRoles (their rules
-    together) without ``delete`` on Deployments (a persistent error for the cleanup of
-    canaries)."""
-    suffix = tmp_path.name[-20:].lower().replace("_", "-").strip("-")
-    name = f"spectune-nodelete-{suffix}"
-    docs = list(yaml.safe_load_all(RBAC.read_text()))
-    roles = [d for d in docs if d["kind"] == "ClusterRole"]
-    role = {
-        "metadata": {"name": name},
-        "rules": [copy.deepcopy(r) for d in roles for r in d["rules"]],
-    }
-    for rule in role["rules"]:
-        if rule["apiGroups"] == ["apps"] and "deployments" in rule["resources"]:
-            rule["verbs"] = [v for v in rule["verbs"] if v != "delete"]
-    sa_ns = "spectune-system"
-    rbac = client.RbacAuthorizationV1Api(cluster.api)
-    core = client.CoreV1Api(cluster.api)
-    core.create_namespaced_service_account(sa_ns, {"metadata": {"name": name}})
-    rbac.create_cluster_role(role)
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": name},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": name,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": sa_ns}],
-        }
-    )
-    token = core.create_namespaced_service_account_token(
-        name,
-        sa_ns,
-        client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
-        ),
-    ).status.token
-    doc = yaml.safe_load(operator_kubeconfig.read_text())
-    doc["users"][0]["user"]["token"] = token
-    path = tmp_path / "kubeconfig-nodelete"
-    path.write_text(yaml.safe_dump(doc))
-    try:
+    """The operator's permissions without ``delete`` on Deployments (a persistent error for
+    the cleanup of canaries)."""
+    with kubeconfig_without(cluster, operator_kubeconfig, tmp_path, "delete") as (path, _):
         yield path
-    finally:
-        rbac.delete_cluster_role_binding(name)
-        rbac.delete_cluster_role(name)
-        core.delete_namespaced_service_account(name, sa_ns)
 
 
 def test_a_deletion_whose_cleanup_keeps_failing_still_completes(
