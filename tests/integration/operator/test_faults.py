@@ -58,6 +58,28 @@ def _same_trial(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return bool(a["arm"] == b["arm"] and a["startedAt"] == b["startedAt"])
 
 
+def carried_on(
+    env: Env,
+    watch: CanaryWatch,
+    uid: str,
+    before: list[dict[str, Any]],
+    trial: dict[str, Any],
+) -> None:
+    """Assert that the operator which took over after a kill went on from the status: never
+    more than one canary, each owned by the SpecTuning; the trials before the kill kept as
+    they were (the running one may have ended since), the one running at the kill recorded
+    once, and no trial started twice."""
+    assert watch.most == 1, f"{watch.most} canaries at once: {watch.names}"
+    for name, refs in watch.owners.items():
+        assert refs and refs[0].kind == KIND and refs[0].uid == uid, (name, refs)
+    trials = env.trials()
+    for old, new in zip(before[:-1], trials, strict=False):
+        assert _same_trial(old, new) and old["outcome"] == new["outcome"], (before, trials)
+    assert sum(1 for t in trials if _same_trial(t, trial)) == 1, trials
+    starts = [(t["arm"], t["startedAt"]) for t in trials]
+    assert len(starts) == len(set(starts)), trials
+
+
 class CanaryWatch:
     """Polls the canary Deployments in the background; remembers the most seen at once."""
 
@@ -190,17 +212,7 @@ def test_operator_killed_mid_trial_resumes_from_status(
         )
         wait_for(lambda: not env.canaries(), timeout=30, message="canaries removed at the end")
     assert op2.process.poll() is None, "the restarted operator exited"
-    assert watch.most == 1, f"{watch.most} canaries at once: {watch.names}"
-    for name, refs in watch.owners.items():
-        assert refs and refs[0].kind == KIND and refs[0].uid == uid, (name, refs)
-
-    trials = env.trials()
-    # The trials before the kill are kept as they were (the running one may have ended since).
-    for old, new in zip(before[:-1], trials, strict=False):
-        assert _same_trial(old, new) and old["outcome"] == new["outcome"], (before, trials)
-    assert sum(1 for t in trials if _same_trial(t, trial)) == 1, trials
-    starts = [(t["arm"], t["startedAt"]) for t in trials]
-    assert len(starts) == len(set(starts)), trials
+    carried_on(env, watch, uid, before, trial)
     # A trial started by the second process never re-runs, in the same search (epoch), the
     # arm that was mid-trial at the kill; a search re-opened later may measure it again.
     recorded = env.status()["history"]["history"]["trials"]

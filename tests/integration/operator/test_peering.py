@@ -25,13 +25,12 @@ from typing import Any
 
 import pytest
 
-from spectune.api.names import KIND
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.prometheus import Prometheus
 from tests.fixtures.simpods import SimPods
 from tests.integration.operator.conftest import REPO, OperatorProcess, kubeconfig_for
 from tests.integration.operator.helpers import MODEL, Env, diagnostics, spectuning
-from tests.integration.operator.test_faults import CanaryWatch, _mid_trial, _same_trial
+from tests.integration.operator.test_faults import CanaryWatch, _mid_trial, carried_on
 
 CHART = REPO / "charts" / "spectune"
 LIFETIME_S = 10
@@ -144,12 +143,4 @@ def test_the_standby_takes_over_when_the_leader_is_killed_mid_trial(
         wait_for(lambda: not env.canaries(), timeout=30, message="canaries removed at the end")
     assert b.process.poll() is None, "the standby exited"
     assert "replica-a" not in _peers(cluster, namespace, peering)  # the dead record is cleaned
-    assert watch.most == 1, f"{watch.most} canaries at once: {watch.names}"
-    for name, refs in watch.owners.items():
-        assert refs and refs[0].kind == KIND and refs[0].uid == uid, (name, refs)
-    trials = env.trials()
-    for old, new in zip(before[:-1], trials, strict=False):
-        assert _same_trial(old, new) and old["outcome"] == new["outcome"], (before, trials)
-    assert sum(1 for t in trials if _same_trial(t, trial)) == 1, trials
-    starts = [(t["arm"], t["startedAt"]) for t in trials]
-    assert len(starts) == len(set(starts)), trials
+    carried_on(env, watch, uid, before, trial)

@@ -25,7 +25,7 @@ from spectune.errors import (
 from spectune.k8s import sources, tuning
 from spectune.k8s.sources import ANNOTATION_PROMETHEUS_URL, LABEL_CREDENTIALS
 from spectune.settings import Settings
-from tests.unit.operator.fakes import FakeCustom, FakeKube, FakeProm, FakeWorld
+from tests.unit.operator.fakes import FakeCustom, FakeWorld
 from tests.unit.operator.test_tuning_loop import (
     TRIAL,
     FakeClock,
@@ -37,16 +37,6 @@ from tests.unit.operator.test_tuning_loop import (
 )
 
 TOKEN = "tok-of-the-db-team"
-
-
-@pytest.fixture
-def world(monkeypatch: pytest.MonkeyPatch) -> FakeWorld:
-    w = FakeWorld()
-    FakeKube.world = w
-    FakeProm.world = w
-    monkeypatch.setattr(tuning, "KubeActuator", FakeKube)
-    monkeypatch.setattr(tuning, "PrometheusSource", FakeProm)
-    return w
 
 
 def _loop(world: FakeWorld, body: dict[str, Any], **settings: Any) -> tuning.TuningLoop:

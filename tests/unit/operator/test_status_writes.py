@@ -16,16 +16,13 @@ from typing import Any
 
 from spectune.k8s import tuning
 from tests.unit.operator.fakes import MODEL, FakeWorld, target
-from tests.unit.operator.test_tuning_loop import (  # the same world and loop
+from tests.unit.operator.test_tuning_loop import (  # the same loop
     FakeClock,
     _body,
     _condition,
     _loop,
     _mid_trial,
-    world,
 )
-
-__all__ = ["world"]  # the fixture, imported so that pytest finds it here
 
 
 async def test_a_suspended_loop_looking_again_writes_nothing_new(world: FakeWorld) -> None:

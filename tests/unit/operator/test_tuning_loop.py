@@ -26,7 +26,7 @@ from spectune.metrics import Observation, SpecCounts
 from spectune.search.history import History, TrialRecord
 from spectune.settings import Settings
 from tests.unit.control.test_controller import QUEUE_BOUNDS, fake_hist
-from tests.unit.operator.fakes import EAGLE, FakeCustom, FakeKube, FakeProm, FakeWorld, target
+from tests.unit.operator.fakes import EAGLE, FakeCustom, FakeWorld, target
 
 TRIAL = "eagle3/3"
 
@@ -68,16 +68,6 @@ def _mid_trial(body: dict[str, Any]) -> None:
     version = model_version(target(), "vllm", "vllm")
     state = ControllerState(phase=LoopPhase.EXPLORING, model_version=version, routes=None)
     body["status"] = {"phase": "Exploring", "history": Memory(history, state, "off").to_json()}
-
-
-@pytest.fixture
-def world(monkeypatch: pytest.MonkeyPatch) -> FakeWorld:
-    w = FakeWorld()
-    FakeKube.world = w
-    FakeProm.world = w
-    monkeypatch.setattr(tuning, "KubeActuator", FakeKube)
-    monkeypatch.setattr(tuning, "PrometheusSource", FakeProm)
-    return w
 
 
 def _loop(
