@@ -24,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from spectune.search.arms import Arm
-from spectune.sim.physics import arm_physics
-from spectune.sim.scenario import FixedTokens, LogNormalTokens, Scenario, TokenDist
+from spectune.sim.physics import ArmPhysics, arm_physics
+from spectune.sim.scenario import Scenario
 
 __all__ = ["BUCKETS", "offline_table_arm"]
 
@@ -35,27 +35,17 @@ BUCKETS: tuple[tuple[int, int], ...] = tuple(
 )
 
 
-def _mean(d: TokenDist) -> float:
-    if isinstance(d, LogNormalTokens):
-        return float(min(d.mean, d.max))
-    if isinstance(d, FixedTokens):
-        return float(d.value)
-    return float(d.low + d.high) / 2.0
-
-
-def _tokens_per_s(scenario: Scenario, drafter: str, k: int, batch: int, context: float) -> float:
-    phys = arm_physics(scenario, Arm(drafter, k) if k > 0 else Arm(None))
+def _tokens_per_s(
+    scenario: Scenario, phys: ArmPhysics, drafter: str, k: int, batch: int, context: float
+) -> float:
     step = phys.target.time(batch * (k + 1), batch * context)
-    if k > 0:
-        if phys.draft is not None:
-            step += k * phys.draft.time(batch, batch * context)
-        step += phys.draft_cpu_s
     if k == 0:
         return batch / step
-    shares = np.array([r.share for r in scenario.routes], dtype=float)
-    shares = shares / shares.sum()
+    if phys.draft is not None:
+        step += k * phys.draft.time(batch, batch * context)
+    step += phys.draft_cpu_s
     expected = 0.0
-    for w, route in zip(shares, scenario.routes, strict=True):
+    for w, route in zip(scenario.route_weights(), scenario.routes, strict=True):
         acc = route.acceptance.get(drafter)
         alpha, decay = (acc.alpha, acc.decay) if acc is not None else (0.0, 1.0)
         q = alpha * decay ** np.arange(k)
@@ -70,22 +60,18 @@ def offline_table_arm(scenario: Scenario) -> Arm:
     initial = scenario.initial_arm
     name = initial.drafter if initial.drafter is not None else scenario.drafters[0].name
     d = scenario.drafter(name)
-    feasible = [
-        k for k in range(1, d.max_k + 1) if arm_physics(scenario, Arm(name, k)).failure is None
-    ]
-    if not feasible:
+    physics = {0: arm_physics(scenario, Arm(None))}
+    for k in range(1, d.max_k + 1):
+        p = arm_physics(scenario, Arm(name, k))
+        if p.failure is None:
+            physics[k] = p
+    if len(physics) == 1:
         return Arm(None)
-    shares = np.array([r.share for r in scenario.routes], dtype=float)
-    shares = shares / shares.sum()
-    context = float(
-        sum(
-            w * (_mean(r.prompt_tokens) + _mean(r.output_tokens) / 2.0)
-            for w, r in zip(shares, scenario.routes, strict=True)
-        )
-    )
+    prompt, output = scenario.mean_lengths()
+    context = prompt + output / 2.0
 
     def best(batch: int) -> int:
-        rates = {k: _tokens_per_s(scenario, name, k, batch, context) for k in [0, *feasible]}
+        rates = {k: _tokens_per_s(scenario, p, name, k, batch, context) for k, p in physics.items()}
         return max(rates, key=lambda k: rates[k])
 
     if scenario.engine != "vllm":

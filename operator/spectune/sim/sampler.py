@@ -618,23 +618,12 @@ def off_capacity(s: Scenario) -> float:
     sampled world's load between idle and past saturation.
     """
     phys = arm_physics(s, Arm(None))
-    shares = np.array([r.share for r in s.routes], dtype=float)
-    shares = shares / shares.sum() if shares.sum() > 0 else np.full(len(shares), 1 / len(shares))
-    prompt = float(sum(w * _mean(r.prompt_tokens) for w, r in zip(shares, s.routes, strict=True)))
-    output = float(sum(w * _mean(r.output_tokens) for w, r in zip(shares, s.routes, strict=True)))
+    prompt, output = s.mean_lengths()
     context = prompt + output / 2.0
     batch = max(1.0, min(float(s.target.max_num_seqs), phys.kv_tokens / max(context, 1.0)))
     step = phys.target.time(batch, batch * context)
     prefill = phys.target.per_token_s * prompt
     return 1.0 / (output * step / batch + prefill)
-
-
-def _mean(d: Any) -> float:
-    if d.dist == "lognormal":
-        return float(min(d.mean, d.max))
-    if d.dist == "fixed":
-        return float(d.value)
-    return float(d.low + d.high) / 2.0
 
 
 def _load(

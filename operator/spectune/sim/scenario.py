@@ -144,6 +144,16 @@ class UniformTokens(_Model):
 TokenDist = Annotated[LogNormalTokens | FixedTokens | UniformTokens, Field(discriminator="dist")]
 
 
+def dist_mean(d: TokenDist) -> float:
+    """A token-count distribution's mean for planning (a log-normal's mean, capped at its
+    clip; the clipped tail's shape is ignored)."""
+    if isinstance(d, LogNormalTokens):
+        return float(min(d.mean, d.max))
+    if isinstance(d, FixedTokens):
+        return float(d.value)
+    return float(d.low + d.high) / 2.0
+
+
 def dist_upper(d: TokenDist) -> int:
     """The largest value a token-count distribution can produce after clipping."""
     if isinstance(d, LogNormalTokens):
@@ -297,6 +307,19 @@ class Scenario(_Model):
         prompt = max(dist_upper(r.prompt_tokens) for r in self.routes)
         output = max(dist_upper(r.output_tokens) for r in self.routes)
         return prompt + output
+
+    def route_weights(self) -> list[float]:
+        """The routes' shares at the start, normalised to sum to 1 (validation keeps their
+        sum above 0)."""
+        total = sum(r.share for r in self.routes)
+        return [r.share / total for r in self.routes]
+
+    def mean_lengths(self) -> tuple[float, float]:
+        """The share-weighted mean prompt and output tokens at the start."""
+        w = self.route_weights()
+        prompt = sum(x * dist_mean(r.prompt_tokens) for x, r in zip(w, self.routes, strict=True))
+        output = sum(x * dist_mean(r.output_tokens) for x, r in zip(w, self.routes, strict=True))
+        return prompt, output
 
     @property
     def initial_arm(self) -> Arm:
