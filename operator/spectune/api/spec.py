@@ -46,6 +46,7 @@ __all__ = [
     "Mode",
     "ObjectiveMetric",
     "ObjectiveSpec",
+    "PlacementChoice",
     "PrometheusMetrics",
     "RetuneSpec",
     "Schedule",
@@ -113,6 +114,14 @@ class Strategy(enum.StrEnum):
 
     CANARY = "canary"
     IN_PLACE = "inPlace"
+
+
+class PlacementChoice(enum.StrEnum):
+    """Where a canary's pods serve (``search.placement``)."""
+
+    AUTO = "auto"
+    REPLACE = "replace"
+    BESIDE = "beside"
 
 
 class Schedule(enum.StrEnum):
@@ -389,6 +398,18 @@ class SearchSpec(ApiModel):
         ge=1,
         le=100,
         description="Replicas of each canary Deployment (canary strategy only). Default 1.",
+    )
+    placement: PlacementChoice = Field(
+        PlacementChoice.AUTO,
+        description=(
+            "canary strategy: replace: the canary's pods take the place of as many target "
+            "pods (the target is scaled from N to N-c once the canary is Ready, and back to "
+            "N before it leaves), so every pod serves the target's own per-pod load; "
+            "beside: the canary is added to the target's pods (each then carries N/(N+c) of "
+            "its load); auto: replace where it can hold (N >= 2, c < N, no "
+            "HorizontalPodAutoscaler or KEDA ScaledObject owns the replicas), else beside, "
+            "with the reason in the LoadMatched condition. Default auto."
+        ),
     )
     window: Duration = Field(
         "5m",

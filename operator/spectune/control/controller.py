@@ -286,6 +286,9 @@ class Controller:
         if failed is not None:
             await self._roll_back(dep, failed, "PromotionFailedToStart", infeasible=True)
             return
+        if dep.scaled_externally is not None:
+            await self._scaled_externally(dep.scaled_externally)
+            return
         if dep.rolling:
             await self.clock.sleep(self.config.poll_s)
             return
@@ -302,6 +305,22 @@ class Controller:
             # The model changed mid-window: nothing of the window was recorded, and the
             # next step's re-trigger check opens the new epoch.
             return
+
+    async def _scaled_externally(self, what: str) -> None:
+        """Someone else changed the target's replica count during a trial: never fight it.
+
+        The trial's pairing held the target at N−c; a count written by a person, a GitOps
+        sync or an autoscaler is theirs to keep. The trial ends (its windows so far stay
+        evidence), the canary goes without restoring the old count, and the search goes on
+        from the next step at the new size.
+        """
+        running = self._running()
+        if running is not None:
+            outcome = Outcome.MEASURED if running.windows else Outcome.ABORTED
+            self._end_running(outcome, f"the target was scaled by someone else: {what}")
+        await self.actuator.stop_canary()
+        self.state = replace(self.state, trial_started_s=None)
+        self._event("ScaledExternally", f"{what}; the trial ended and the new count is kept")
 
     async def _baseline_window(self, dep: Deployment) -> WindowRecord:
         """One window of the incumbent alone, recorded with the arm it ran."""

@@ -16,7 +16,7 @@ from typing import Protocol
 from spectune.metrics.observation import Observation
 from spectune.search.arms import Arm
 
-__all__ = ["Actuator", "Clock", "Deployment", "Group", "GroupMetrics"]
+__all__ = ["Actuator", "Clock", "Deployment", "Group", "GroupMetrics", "Placement"]
 
 
 class Group(enum.Enum):
@@ -24,6 +24,17 @@ class Group(enum.Enum):
 
     INCUMBENT = "incumbent"
     CANARY = "canary"
+
+
+class Placement(enum.Enum):
+    """Where a trial's arm runs (SpecTuning ``search.placement``, ``search.strategy``)."""
+
+    REPLACE = "replace"
+    """The canary's c pods take the place of c target pods: N pods serve, as before."""
+    BESIDE = "beside"
+    """The canary's pods are added to the target's N: every pod carries N/(N+c) of its load."""
+    IN_PLACE = "inPlace"
+    """The target's own pods run the trial arm (``strategy: inPlace``)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,20 @@ class Deployment:
     target_failure
         Why the target's own rollout cannot finish (a crash loop, an out-of-memory, the
         progress deadline exceeded: the rollout is stuck), or ``None``.
+    placement
+        Where a trial's canary pods serve: :attr:`Placement.REPLACE` (they take the place
+        of as many target pods, so every pod carries the target's own per-pod load),
+        :attr:`Placement.BESIDE` (added to the target's pods) or
+        :attr:`Placement.IN_PLACE` (the target's pods themselves run the trial arm).
+    placement_reason
+        Why a canary runs beside the target rather than in place of its pods
+        (``SingleReplica``, ``Autoscaled``, ``CanaryNotSmaller``, ``Requested``), or ``None``.
+    placement_message
+        That reason in words, with the numbers (for the ``LoadMatched`` condition).
+    scaled_externally
+        Someone other than spectune (a person, a GitOps sync, an autoscaler) changed the
+        target's replica count while a trial held it at N−c: what happened, or ``None``.
+        The trial ends, the canary goes, and the new count is kept.
     """
 
     incumbent: Arm
@@ -61,6 +86,10 @@ class Deployment:
     model_version: str
     routes: str = ""
     target_failure: str | None = None
+    placement: Placement = Placement.BESIDE
+    placement_reason: str | None = None
+    placement_message: str | None = None
+    scaled_externally: str | None = None
 
 
 class Actuator(Protocol):
@@ -71,11 +100,22 @@ class Actuator(Protocol):
         ...
 
     async def start_canary(self, arm: Arm) -> None:
-        """Put the canary replicas on ``arm`` (a restart); returns at once."""
+        """Put the canary replicas on ``arm`` (a restart); returns at once.
+
+        With :attr:`Placement.REPLACE` the body scales the target from N to N−c once the
+        canary's pods are Ready (surge: capacity never dips), and reports
+        ``canary_ready`` only when the target serves at N−c: a trial's first window starts
+        at the target's own per-pod load.
+        """
         ...
 
     async def stop_canary(self) -> None:
-        """Remove the canary: its replicas leave (or return to the incumbent)."""
+        """Remove the canary: its replicas leave (or return to the incumbent).
+
+        With :attr:`Placement.REPLACE` the target goes back to N first and the canary
+        leaves once the target's pods are Ready; ``Deployment.rolling`` is True until then.
+        After :attr:`Deployment.scaled_externally` the count someone else set is kept.
+        """
         ...
 
     async def promote(self, arm: Arm) -> None:

@@ -16,7 +16,14 @@ from typing import Any
 
 from spectune.search.objective import WindowStats
 
-__all__ = ["History", "Outcome", "TrialRecord", "WindowRecord"]
+__all__ = ["MATCHED_LOAD_BAND", "History", "Outcome", "TrialRecord", "WindowRecord"]
+
+#: Largest relative difference of per-pod load (finished requests per pod per second)
+#: between canary and incumbent for a window to be read as a matched pair. The payoff of
+#: speculation depends on the batch each pod runs: a canary at a different load per pod is
+#: measured at another point of the cost curve. ±15 % is the Poisson noise of a rate from
+#: about 50 requests per pod (1/√50 ≈ 0.14), the fewest a judged window holds.
+MATCHED_LOAD_BAND = 0.15
 
 
 class Outcome(enum.Enum):
@@ -38,6 +45,24 @@ class WindowRecord:
     canary: WindowStats | None = None
     incumbent_arm: str = ""
     """The arm the incumbent replicas ran (empty when unknown)."""
+
+    @property
+    def load_ratio(self) -> float:
+        """The canary's finished requests per pod per second over the incumbent's (NaN
+        unless both groups finished requests on known pods)."""
+        can, inc = self.canary, self.incumbent
+        if can is None or inc is None or not can.pods or not inc.pods:
+            return math.nan
+        if not (can.requests > 0 and inc.requests > 0):
+            return math.nan
+        return (can.requests / can.pods) / (inc.requests / inc.pods)
+
+    @property
+    def matched(self) -> bool:
+        """Whether canary and incumbent carried the same load per pod, within
+        :data:`MATCHED_LOAD_BAND`: only then is the window a matched pair."""
+        r = self.load_ratio
+        return math.isfinite(r) and abs(r - 1.0) <= MATCHED_LOAD_BAND
 
 
 @dataclass(frozen=True)
