@@ -43,7 +43,7 @@ def aa_windows(
     """(log ratio canary/incumbent, claimed log-spread) of each A/A window of one seed."""
     n = scenario.fleet.replicas
     fleet = Fleet(scenario, seed=seed, replicas=n + 1, parked=[n])
-    stage = SimStage(fleet, end_s=float(scenario.duration_s))
+    stage = SimStage(fleet, end_s=float(scenario.duration_s), placement="beside")
     stage.start_canary(scenario.initial_arm)
     stage.advance_to(scenario.target.restart_s + 60.0)
     metrics = SimGroupMetrics(stage)

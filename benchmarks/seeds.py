@@ -42,6 +42,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from spectune.bench.paired import paired_comparison
 from spectune.bench.runner import run_bench
 from spectune.sim.scenario import Scenario, scenario_from_mapping
 
@@ -140,9 +141,11 @@ def parse_seeds(text: str) -> list[str]:
     return out
 
 
-def _one(doc: dict[str, Any], seed: int, policy: str, window: float) -> dict[str, Any]:
+def _one(
+    doc: dict[str, Any], seed: int, policy: str, window: float, placement: str
+) -> dict[str, Any]:
     scenario = scenario_from_mapping(doc)
-    result = run_bench(scenario, policy, seed=seed, window_s=window, jobs=1)
+    result = run_bench(scenario, policy, seed=seed, window_s=window, jobs=1, placement=placement)
     # Beside the contract's keys: seconds until back within 0.95 after each model change,
     # seconds served worse than the initial arm after the first promotion, rollbacks.
     return {
@@ -150,6 +153,8 @@ def _one(doc: dict[str, Any], seed: int, policy: str, window: float) -> dict[str
         "recovery_s": [took for _, took in result.recoveries],
         "worse_than_initial_s": result.worse_than_initial_s,
         "rollbacks": result.rollbacks,
+        "placement": result.placement,
+        "load_ratios": list(result.load_ratios),
     }
 
 
@@ -171,6 +176,12 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (default 2)")
     ap.add_argument("--out", type=Path, help="write every run's JSON here, one per line")
     ap.add_argument("--compare", type=Path, help="an earlier --out file to compare with")
+    ap.add_argument(
+        "--placement",
+        default="auto",
+        choices=("auto", "replace", "beside"),
+        help="where trial canaries serve (search.placement; default auto)",
+    )
     ns = ap.parse_args()
     console = Console(width=150)
     only = set(ns.only.split(",")) if ns.only else None
@@ -182,7 +193,9 @@ def main() -> int:
     t0 = time.perf_counter()
     runs: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=ns.jobs) as pool:
-        futures = [pool.submit(_one, doc, seed, ns.policy, ns.window) for doc, seed in jobs]
+        futures = [
+            pool.submit(_one, doc, seed, ns.policy, ns.window, ns.placement) for doc, seed in jobs
+        ]
         for i, fut in enumerate(as_completed(futures), 1):
             doc = fut.result()
             runs.append(doc)
@@ -206,7 +219,7 @@ def _summary(runs: list[dict[str, Any]], policy: str, window: float) -> Table:
     table = Table(title=f"{policy} over seeds")
     cols = ("scenario", "runs", "median", "min", "mean", "run_eff mean", "trials mean",
             "breach > window/trial", "worst recovery s", "worse than initial s (runs)",
-            "rollbacks")  # fmt: skip
+            "rollbacks", "load ratio median [p10, p90]")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="left" if col == "scenario" else "right")
     by: dict[str, list[dict[str, Any]]] = {}
@@ -226,8 +239,18 @@ def _summary(runs: list[dict[str, Any]], policy: str, window: float) -> Table:
             _worst_recovery(rs),
             _worse(rs),
             str(sum(int(r.get("rollbacks", 0)) for r in rs)),
+            _ratios(rs),
         )
     return table
+
+
+def _ratios(runs: list[dict[str, Any]]) -> str:
+    """The trials' canary-to-incumbent load per pod: median and 10th–90th percentiles."""
+    xs = sorted(x for r in runs for x in r.get("load_ratios", []))
+    if not xs:
+        return "–"
+    q = statistics.quantiles(xs, n=10) if len(xs) > 1 else [xs[0]] * 9
+    return f"{statistics.median(xs):.2f} [{q[0]:.2f}, {q[-1]:.2f}]"
 
 
 def _worse(runs: list[dict[str, Any]]) -> str:
@@ -275,6 +298,13 @@ def _comparison(before: dict[tuple[str, int], dict[str, Any]], runs: list[dict[s
         f"against the earlier file: {up} up, {down} down of {len(same)} runs; mean "
         f"efficiency {mean_old:.3f} → {mean_new:.3f}"
     )
+    if len(same) >= 2:
+        paired = paired_comparison(
+            [before[_key(r)]["efficiency"] for r in same], [r["efficiency"] for r in same]
+        )
+        old_t = statistics.fmean(before[_key(r)]["trials"] for r in same)
+        new_t = statistics.fmean(r["trials"] for r in same)
+        head += f"\n  paired by seed: {paired.describe()}; trials {old_t:.1f} → {new_t:.1f}"
     return "\n".join([head, *lines, *_phase_means(before, same)])
 
 

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from spectune.control.ports import Deployment, Group
+from spectune.control.placement import choose_placement
+from spectune.control.ports import Deployment, Group, Placement
 from spectune.errors import SpecError, WindowCutError
 from spectune.metrics import Observation, Snapshot, observation_from_pages, parse_page
 from spectune.search.arms import Arm
@@ -60,16 +61,40 @@ class SimStage:
         the target runs ``arm``.
     """
 
-    def __init__(self, fleet: Fleet, *, canary_replicas: int = 1, end_s: float) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        *,
+        canary_replicas: int = 1,
+        end_s: float,
+        placement: str = "auto",
+    ) -> None:
         n = fleet.size
-        if not 1 <= canary_replicas < n:
+        spare = n - fleet.scenario.fleet.replicas
+        if placement not in ("auto", "replace", "beside"):
+            raise SpecError(f"placement must be auto, replace or beside, got {placement!r}")
+        verdict = choose_placement(placement, fleet.scenario.fleet.replicas, canary_replicas)
+        replace_ok = verdict.matched
+        wanted_slots = 2 * canary_replicas if replace_ok else canary_replicas
+        if not 1 <= canary_replicas < n or spare != wanted_slots:
             raise SpecError(
-                f"canary replicas must be within 1..{n - 1}: the fleet's last replicas are the "
-                "canary's slots (build it with replicas + canary_replicas, parked)"
+                f"canary replicas must be within 1..{n - 1} and the fleet's last "
+                f"{wanted_slots} replicas parked slots for them (build it with "
+                f"sim_controller, which adds them): it has {spare}"
             )
         self.fleet = fleet
         self.end_s = end_s
-        self.canary_idx = tuple(range(n - canary_replicas, n))
+        self.placement = verdict.placement
+        self.placement_reason = verdict.reason
+        self.placement_message = verdict.message
+        self.canary_idx = tuple(range(n - spare, n - spare + canary_replicas))
+        # Replace: a second set of slots, so a trial that follows another surges its new
+        # canary before the old one leaves (the target stays at N−c in between).
+        self._spare = tuple(range(n - spare + canary_replicas, n))
+        self._old: tuple[int, ...] = ()
+        self._displaced: tuple[int, ...] = ()
+        self._restoring: tuple[int, ...] = ()
+        self._promote_after: Arm | None = None
         self.incumbent: Arm = fleet.scenario.initial_arm
         self.canary_arm: Arm | None = None
         self.canary_failure: str | None = None
@@ -99,8 +124,11 @@ class SimStage:
         """Replica ``i``'s current pod name."""
         return f"replica-{i}-{self._generation[i]}"
 
-    def role(self, i: int) -> Group:
-        """Which group replica ``i`` belongs to now."""
+    def role(self, i: int) -> Group | None:
+        """Which group replica ``i`` belongs to now (None: a canary pod on its way out,
+        whose endpoints a cluster has already removed)."""
+        if i in self._old or (i in self.canary_idx and self._restoring):
+            return None
         if self.canary_arm is not None and i in self.canary_idx:
             return Group.CANARY
         return Group.INCUMBENT
@@ -117,25 +145,96 @@ class SimStage:
     # --- canary -------------------------------------------------------------------------
 
     def start_canary(self, arm: Arm) -> None:
-        """Restart the canary replicas on ``arm``."""
+        """Restart the canary replicas on ``arm``.
+
+        Replace placement: a canary that serves another arm keeps serving until the new
+        one is ready on the other slots (surge), so the target stays at N−c between trials.
+        """
         self.fleet.scenario.check_arm(arm)
+        surge = self.placement is Placement.REPLACE and (
+            self._restoring or (self.canary_arm is not None and self._serving(self.canary_idx))
+        )
+        if surge:
+            self._old = (*self._old, *self.canary_idx)
+            self.canary_idx, self._spare = self._spare, self.canary_idx
         self.canary_arm = arm
         self.trials += 1
         self.canary_failure = self._apply(arm, self.canary_idx)
 
     def stop_canary(self) -> None:
-        """End the canary: its pods go away (drain, then park), as a deleted Deployment's."""
+        """End the canary: its pods go away (drain, then park), as a deleted Deployment's.
+
+        Replace placement: the target's displaced replicas come back first (new pods, on
+        the incumbent); the canary serves until they do (:meth:`_place`).
+        """
         if self.canary_arm is None:
             return
         self.canary_arm = None
         self.canary_failure = None
-        self.fleet.park(self.canary_idx)
+        if not self._displaced:
+            self.fleet.park(self.canary_idx)
+            return
+        if self._old:
+            # A switch was under way: its new canary goes now, the old one still serves.
+            self.fleet.park(self.canary_idx)
+            self.canary_idx, self._spare, self._old = self._old, self.canary_idx, ()
+        self._restoring, self._displaced = self._displaced, ()
+        self._apply(self.incumbent, self._restoring)
+
+    def _serving(self, replicas: Sequence[int], arm: Arm | None = None) -> bool:
+        states = [self.fleet.state(i) for i in replicas]
+        return all(st.phase is Phase.SERVING and (arm is None or st.arm == arm) for st in states)
+
+    def _target_replicas(self) -> list[int]:
+        """The target's replicas (every one not a canary slot)."""
+        slots = {*self.canary_idx, *self._spare, *self._old}
+        return [i for i in range(self.fleet.size) if i not in slots]
+
+    def _place(self) -> None:
+        """Move replace placement on (what the operator's actuator reconciles each turn).
+
+        A restored target serving again lets the leaving canary go; a new canary serving
+        lets the one before it go; once the canary serves and the target is whole (no
+        rollout, nothing restoring), c of the target's replicas leave, so N pods serve.
+        """
+        if self.placement is not Placement.REPLACE:
+            return
+        if self._restoring:
+            back = [self.fleet.state(i).phase for i in self._restoring]
+            if any(p not in (Phase.SERVING, Phase.FAILED) for p in back):
+                return
+            self._restoring = ()
+            if self.canary_arm is None:
+                self.fleet.park(self.canary_idx)
+            if self._promote_after is not None:
+                arm, self._promote_after = self._promote_after, None
+                self.promote(arm)
+        canary = self.canary_arm
+        if canary is None or not self._serving(self.canary_idx, canary):
+            if canary is None and self._old:
+                self.fleet.park(self._old)
+                self._spare, self._old = self._old, ()
+            return
+        if self._old:
+            self.fleet.park(self._old)
+            self._spare, self._old = self._old, ()
+        if not self._displaced and not self.rolling:
+            target = self._target_replicas()
+            self._displaced = tuple(target[-len(self.canary_idx) :])
+            self.fleet.park(self._displaced)
 
     # --- promotion ----------------------------------------------------------------------
 
     def promote(self, arm: Arm) -> None:
-        """Start a rolling update of the target onto ``arm``."""
+        """Start a rolling update of the target onto ``arm``.
+
+        Replace placement: while the target's displaced replicas come back, the rollout
+        waits for them, so it rolls the target at N (``rolling`` is True meanwhile).
+        """
         self.fleet.scenario.check_arm(arm)
+        if self._restoring:
+            self._promote_after = arm
+            return
         if arm == self.incumbent:
             # Back to what the target serves (a rollback of a promotion that could not
             # start): the failed new pod goes, the old ones never stopped.
@@ -150,11 +249,7 @@ class SimStage:
         self.promotion_failure = None
         self.incumbent = arm
         self.timeline.append((self.now, arm.name))
-        old = [
-            i
-            for i in range(self.fleet.size)
-            if i not in self.canary_idx and self._configured[i] != arm
-        ]
+        old = [i for i in self._target_replicas() if self._configured[i] != arm]
         # Surge onto the canary's slot first; each old pod's GPU then takes the next new
         # pod (a restart of that replica: it drains, is down restart_s, serves the arm);
         # the last old pod is only retired, and its slot is the canary's from then on.
@@ -169,8 +264,14 @@ class SimStage:
 
     @property
     def rolling(self) -> bool:
-        """Whether a rollout is still in progress."""
-        return self._current is not None or bool(self._queue)
+        """Whether a rollout (or, replace placement, the target's return to N) is in
+        progress."""
+        return (
+            self._current is not None
+            or bool(self._queue)
+            or bool(self._restoring)
+            or self._promote_after is not None
+        )
 
     def _roll(self) -> None:
         """Move the rollout on: the next replica once the current one serves the target."""
@@ -200,6 +301,7 @@ class SimStage:
         """Move simulated time to ``min(t, end_s)``, moving the rollout along the way."""
         t = min(t, self.end_s)
         self._roll()
+        self._place()
         while self.fleet.now < t:
             step_to = t
             if self._current is not None:
@@ -210,6 +312,7 @@ class SimStage:
                     step_to = min(t, self.fleet.now + DRAIN_POLL_S)
             self.fleet.advance(step_to)
             self._roll()
+            self._place()
 
     # --- what the actuator reports ----------------------------------------------------------
 
@@ -225,6 +328,7 @@ class SimStage:
     def deployment(self) -> Deployment:
         """What runs now."""
         self._roll()
+        self._place()
         ready = False
         failure = self.canary_failure
         if self.canary_arm is not None:
@@ -232,6 +336,12 @@ class SimStage:
             ready = all(s.phase is Phase.SERVING and s.arm == self.canary_arm for s in states)
             if failure is None:
                 failure = next((s.failure for s in states if s.failure is not None), None)
+            if self.placement is Placement.REPLACE:
+                # The first window starts when the target serves at N−c, the canary alone
+                # in the place of the pods that left.
+                gone = [self.fleet.state(i).phase for i in (*self._displaced, *self._old)]
+                ready = ready and bool(self._displaced) and not self._old and not self._restoring
+                ready = ready and all(p is Phase.PARKED for p in gone)
         return Deployment(
             incumbent=self.incumbent,
             canary=self.canary_arm,
@@ -241,6 +351,9 @@ class SimStage:
             model_version=self.fleet.model_version,
             routes=self.routes(),
             target_failure=self.promotion_failure,
+            placement=self.placement,
+            placement_reason=self.placement_reason,
+            placement_message=self.placement_message,
         )
 
     def next_model_change(self, after_s: float) -> float | None:
@@ -307,16 +420,20 @@ class SimGroupMetrics:
         for st in stage.fleet.states():
             if st.phase is not Phase.SERVING:
                 continue
+            role = stage.role(st.index)
+            if role is None:
+                continue
             pod = stage.pod(st.index)
-            out[pod] = (stage.role(st.index), parse_page(stage.fleet.metrics_text(st.index), pod))
+            out[pod] = (role, parse_page(stage.fleet.metrics_text(st.index), pod))
         return out
 
     def _failed(self) -> dict[Group, dict[str, str]]:
         out: dict[Group, dict[str, str]] = {}
         states: Sequence[ReplicaState] = self.stage.fleet.states()
         for st in states:
-            if st.phase is Phase.FAILED and st.failure is not None:
-                out.setdefault(self.stage.role(st.index), {})[self.stage.pod(st.index)] = st.failure
+            role = self.stage.role(st.index)
+            if st.phase is Phase.FAILED and st.failure is not None and role is not None:
+                out.setdefault(role, {})[self.stage.pod(st.index)] = st.failure
         return out
 
     async def observe(self, window_s: float) -> Mapping[Group, Observation]:

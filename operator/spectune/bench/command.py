@@ -53,6 +53,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--canary-replicas", type=int, default=1, metavar="N", help="canary replicas (default 1)"
     )
     p.add_argument(
+        "--placement",
+        choices=("auto", "replace", "beside"),
+        default="auto",
+        help="where trial canaries serve, as search.placement (default auto: in the place of "
+        "as many target replicas where it can, else beside them)",
+    )
+    p.add_argument(
         "--jobs", type=int, metavar="N", help="processes for the oracle (default: CPU count)"
     )
     p.add_argument("--no-cache", action="store_true", help="recompute the oracle, keep nothing")
@@ -75,6 +82,7 @@ def bench_command(ns: argparse.Namespace) -> int:
         "seed": ns.seed,
         "window_s": ns.window,
         "canary_replicas": ns.canary_replicas,
+        "placement": ns.placement,
         "use_cache": not ns.no_cache,
         "jobs": ns.jobs,
     }
@@ -162,6 +170,10 @@ def _print_summary(result: BenchResult) -> None:
         f"{result.best_static_arm} {_fmt(result.best_static_value)})",
     )
     totals.add_row("trials (restarts)", str(doc["trials"]))
+    ratios = ", ".join(f"{x:.2f}" for x in result.load_ratios) or "—"
+    totals.add_row(
+        "canary placement · trial load per pod vs target", f"{result.placement} · {ratios}"
+    )
     totals.add_row("guardrail breach", f"{doc['guardrail_breach_s']} s")
     promoted = ", ".join(f"{arm} @{t:.0f}s" for t, arm in result.promotions) or "none"
     totals.add_row("promotions", promoted)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -71,8 +72,10 @@ from spectune.bench.scoring import (
 )
 from spectune.control.controller import Controller, ControllerConfig, Event
 from spectune.control.controller import Phase as LoopPhase
+from spectune.control.placement import choose_placement
 from spectune.errors import SpecError
 from spectune.search.arms import parse_arm
+from spectune.search.history import History
 from spectune.search.objective import Guardrails, Metric, Objective
 from spectune.search.policy import Policy, SearchSpace
 from spectune.sim.fleet import Fleet
@@ -124,6 +127,13 @@ class BenchResult:
     (``bench/scoring.py``); not a field of the contract's object."""
     rollbacks: int = 0
     """Promoted arms the controller rolled back; not a field of the contract's object."""
+    placement: str = ""
+    """Where the canaries served (``replace`` or ``beside``); not a field of the contract's
+    object."""
+    load_ratios: tuple[float, ...] = ()
+    """Each trial's canary-to-incumbent load per pod (finished requests per pod per second,
+    the median over its windows; ``WindowRecord.load_ratio``); not a field of the contract's
+    object."""
     events: tuple[Event, ...] = field(default=(), repr=False)
     regret: tuple[tuple[float, float], ...] = field(default=(), repr=False)
     """``(time, cumulative regret seconds)`` per window (``bench/regret.py``); not a field of
@@ -249,20 +259,24 @@ def sim_controller(
     canary_replicas: int = 1,
     controller_config: ControllerConfig | None = None,
     on_event: Callable[[Event], None] | None = None,
+    placement: str = "auto",
 ) -> tuple[Controller, SimStage, VirtualClock]:
     """The tuning loop over a simulated fleet: the bench's and the demo's shared set-up.
 
     The fleet has the scenario's replicas plus ``canary_replicas`` parked slots, so a canary
-    is an extra pod as on a cluster.
+    is an extra pod as on a cluster; twice as many with ``placement`` replace (a canary
+    that follows another surges before the old one leaves; ``control/placement.py``).
     """
     base = scenario.fleet.replicas
-    fleet = Fleet(
-        scenario,
-        seed=seed,
-        replicas=base + canary_replicas,
-        parked=range(base, base + canary_replicas),
+    verdict = choose_placement(placement, base, canary_replicas)
+    slots = canary_replicas * (2 if verdict.matched else 1)
+    fleet = Fleet(scenario, seed=seed, replicas=base + slots, parked=range(base, base + slots))
+    stage = SimStage(
+        fleet,
+        canary_replicas=canary_replicas,
+        end_s=float(scenario.duration_s),
+        placement=placement,
     )
-    stage = SimStage(fleet, canary_replicas=canary_replicas, end_s=float(scenario.duration_s))
     clock = VirtualClock(stage)
     controller = Controller(
         policy=policy,
@@ -290,6 +304,7 @@ def run_bench(
     hooks: BenchHooks | None = None,
     controller_config: ControllerConfig | None = None,
     space: SearchSpace | None = None,
+    placement: str = "auto",
 ) -> BenchResult:
     """Run ``policy`` on ``scenario`` and score it (see the module docstring).
 
@@ -348,6 +363,7 @@ def run_bench(
         canary_replicas=canary_replicas,
         controller_config=controller_config,
         on_event=on_event,
+        placement=placement,
     )
     fleet = stage.fleet
     continuous = bool(getattr(chosen_policy, "continuous", False))
@@ -418,8 +434,20 @@ def run_bench(
         recoveries=recoveries,
         worse_than_initial_s=worse,
         rollbacks=sum(1 for e in events if e.reason == "RolledBack"),
+        placement=stage.placement.value,
+        load_ratios=_load_ratios(controller.history),
         events=tuple(events),
         regret=regret_curve(
             run_table, lambda p: runs[phase_best[p][0]].requests, phases, metric, window_s
         ),
     )
+
+
+def _load_ratios(history: History) -> tuple[float, ...]:
+    """Each trial's median per-pod load ratio over its windows that measured both groups."""
+    out = []
+    for t in history.trials:
+        ratios = [w.load_ratio for w in t.windows if math.isfinite(w.load_ratio)]
+        if ratios:
+            out.append(statistics.median(ratios))
+    return tuple(out)

@@ -23,7 +23,7 @@ def stage_of(**changes: object) -> SimStage:
     scenario = tiny_scenario(**changes)
     n = scenario.fleet.replicas
     fleet = Fleet(scenario, replicas=n + 1, parked=[n])
-    return SimStage(fleet, end_s=float(scenario.duration_s))
+    return SimStage(fleet, end_s=float(scenario.duration_s), placement="beside")
 
 
 def test_observations_are_built_from_parsed_pages_and_grouped_by_role(
