@@ -414,17 +414,27 @@ class SimGroupMetrics:
     def __init__(self, stage: SimStage) -> None:
         self.stage = stage
 
-    def _pages(self) -> dict[str, tuple[Group, Snapshot]]:
+    def _pages(self, at_s: float | None = None) -> dict[str, tuple[Group, Snapshot]]:
+        """Every serving pod's page, by pod name with its group.
+
+        ``at_s``: read each pod at ``at_s`` plus its scrape offset (``fleet.scrape_offset_s``),
+        moving the clock from one pod's scrape to the next; None: all of them now.
+        """
         stage = self.stage
+        fleet = stage.fleet
+        order = list(range(fleet.size))
+        if at_s is not None:
+            order.sort(key=fleet.scrape_offset)
         out: dict[str, tuple[Group, Snapshot]] = {}
-        for st in stage.fleet.states():
-            if st.phase is not Phase.SERVING:
+        for i in order:
+            if at_s is not None:
+                stage.advance_to(at_s + fleet.scrape_offset(i))
+            st = fleet.state(i)
+            role = stage.role(i)
+            if st.phase is not Phase.SERVING or role is None:
                 continue
-            role = stage.role(st.index)
-            if role is None:
-                continue
-            pod = stage.pod(st.index)
-            out[pod] = (role, parse_page(stage.fleet.metrics_text(st.index), pod))
+            pod = stage.pod(i)
+            out[pod] = (role, parse_page(fleet.metrics_text(i), pod))
         return out
 
     def _failed(self) -> dict[Group, dict[str, str]]:
@@ -446,13 +456,17 @@ class SimGroupMetrics:
         would count as a restart the run never measures).
         """
         start = self.stage.now
-        if start + window_s > self.stage.end_s:
+        lag = self.stage.fleet.max_scrape_offset
+        if start + window_s + lag > self.stage.end_s:
             self.stage.advance_to(self.stage.end_s)
             raise WindowCutError(
                 f"the scenario ends at {self.stage.end_s:.0f}s, {self.stage.end_s - start:.0f}s "
                 f"into a {window_s:.0f}s window: the window is dropped"
             )
-        before = self._pages()
+        # Scrape offsets: each pod is read at its own phase after the window's nominal ends,
+        # so its counters span exactly window_s, shifted by up to the offset.
+        staggered = lag > 0
+        before = self._pages(start if staggered else None)
         version = self.stage.fleet.model_version
         cut = self.stage.next_model_change(start)
         if cut is not None and cut < start + window_s:
@@ -465,8 +479,8 @@ class SimGroupMetrics:
                     f"{cut:.0f}s, mid-window: the window is dropped"
                 )
         self.stage.advance_to(start + window_s)
-        after = self._pages()
-        elapsed = self.stage.now - start
+        after = self._pages(start + window_s if staggered else None)
+        elapsed = window_s if staggered else self.stage.now - start
         failed = self._failed()
         out: dict[Group, Observation] = {}
         for group in (Group.INCUMBENT, Group.CANARY):

@@ -249,6 +249,14 @@ class Fleet:
             if spread > 0
             else np.ones(n)
         )
+        # Each replica slot's scrape phase (fleet.scrape_offset_s): fixed per slot, as a
+        # Prometheus scrape loop keeps each target's offset within its interval.
+        lag = scenario.fleet.scrape_offset_s
+        self._scrape_offset = (
+            np.random.default_rng([self.seed, stream, 11]).uniform(0.0, lag, n)
+            if lag > 0
+            else np.zeros(n)
+        )
         self._replicas = [
             _Replica(i, arm, self._physics_of(arm, i), np.random.default_rng(s))
             for i, (arm, s) in enumerate(zip(arm_list, replica_seeds, strict=True))
@@ -349,6 +357,15 @@ class Fleet:
             elif r.phase in (Phase.DOWN, Phase.FAILED):
                 r.engine = None
                 r.phase = Phase.PARKED
+
+    def scrape_offset(self, i: int) -> float:
+        """Seconds after a window's nominal ends at which replica ``i``'s page is read."""
+        return float(self._scrape_offset[i])
+
+    @property
+    def max_scrape_offset(self) -> float:
+        """The largest :meth:`scrape_offset` of the fleet (0 with the knob off)."""
+        return float(self._scrape_offset.max()) if len(self._scrape_offset) else 0.0
 
     def state(self, i: int) -> ReplicaState:
         """Replica ``i`` as an actuator sees it."""

@@ -189,6 +189,10 @@ class RealismPrior(_Model):
     second_share: Span = Span(low=0.1, high=0.4)
     second_scale: Span = Span(low=0.1, high=0.5)
     """The second population's alpha as a share of the first's."""
+    scrape_offsets: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Share of worlds whose pods are scraped at phases of their own; the largest offset
+    is drawn from ``scrape_interval`` (Prometheus' common 15–30 s scrape intervals)."""
+    scrape_interval: Span = Span(low=15.0, high=30.0)
 
 
 class Family(_Model):
@@ -485,6 +489,9 @@ def _realism(prior: RealismPrior, scenario: dict[str, Any], rng: Rng) -> list[st
                     }
                     if "two_population" not in on:
                         on.append("two_population")
+    if prior.scrape_offsets > 0 and rng.uniform() < prior.scrape_offsets:
+        scenario["fleet"]["scrape_offset_s"] = round(prior.scrape_interval.draw(rng), 1)
+        on.append("scrape_offsets")
     return on
 
 

@@ -206,6 +206,12 @@ class FleetSpec(_Model):
 
     replicas: Annotated[int, Field(ge=1, le=1024)] = 1
     balancer: Literal["round_robin", "least_outstanding"] = "least_outstanding"
+    scrape_offset_s: Annotated[float, Field(ge=0, le=300)] = 0.0
+    """Scrape offsets between pods (realism knob, default off): each pod's page is read
+    ``u`` seconds after a window's nominal start and end, ``u`` uniform in ``[0, s]`` and
+    fixed per replica slot, as Prometheus scrapes each target at its own phase within
+    the scrape interval. The pods' counters then span windows shifted against each other:
+    a burst or a load step falls into one pod's window and not another's."""
 
 
 class Initial(_Model):

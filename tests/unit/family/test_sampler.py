@@ -132,7 +132,12 @@ def test_sim_sample_with_a_missing_family_file_exits_2_naming_it(
 def test_realism_knobs_are_drawn_when_the_family_turns_them_on() -> None:
     raw = _raw()
     plain = sample_worlds(Family.model_validate(raw), 4, 6)
-    raw["realism"] = {"speed_spread": 1.0, "cuda_graphs": 1.0, "two_population": 1.0}
+    raw["realism"] = {
+        "speed_spread": 1.0,
+        "cuda_graphs": 1.0,
+        "two_population": 1.0,
+        "scrape_offsets": 1.0,
+    }
     real = sample_worlds(Family.model_validate(raw), 4, 6)
     for a, b in zip(plain.worlds, real.worlds, strict=True):
         # the knobs are drawn last: the rest of each world is the one drawn without them
@@ -142,5 +147,6 @@ def test_realism_knobs_are_drawn_when_the_family_turns_them_on() -> None:
         assert 0 < s.hardware.speed_spread <= 0.05
         assert s.hardware.cuda_graph_max_batch == 512
         assert all(acc.second is not None for r in s.routes for acc in r.acceptance.values())
-        assert b.regime["realism"] == "speed_spread+cuda_graphs+two_population"
+        assert 15 <= s.fleet.scrape_offset_s <= 30
+        assert b.regime["realism"] == "speed_spread+cuda_graphs+two_population+scrape_offsets"
         assert "realism" not in a.regime

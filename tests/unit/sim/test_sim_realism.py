@@ -1,13 +1,16 @@
 """The simulator's realism knobs (each off by default): per-pod speed spread, the CUDA-graph
-step staircase and two-population acceptance."""
+step staircase, two-population acceptance and scrape offsets between pods."""
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
+from spectune.control.ports import Group
 from spectune.search.arms import Arm, parse_arm
 from spectune.sim import Scenario
 from spectune.sim.engine import Engine
@@ -102,3 +105,44 @@ def test_a_second_population_splits_the_requests_acceptance_in_two_modes(
     low = float(np.mean(alphas < 0.4))
     assert 0.2 < low < 0.4  # about the second population's share
     assert not np.any((alphas > 0.4) & (alphas < 0.6))  # two modes, nothing between
+
+
+def test_scrape_offsets_read_each_pod_at_its_own_phase_and_span_the_window(
+    make_scenario: Callable[..., Scenario], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spectune.bench.adapters import SimGroupMetrics, SimStage
+
+    s = make_scenario(
+        fleet={"replicas": 3, "balancer": "round_robin", "scrape_offset_s": 20.0},
+        load=[{"at_s": 0, "requests_per_s": 1.0}],
+        duration_s=1200,
+    )
+    fleet = Fleet(s, arms=Arm(None), replicas=4, parked=[3])
+    offsets = [fleet.scrape_offset(i) for i in range(4)]
+    assert len(set(offsets)) == 4 and all(0 <= x <= 20 for x in offsets)
+    assert offsets == [Fleet(s, arms=Arm(None), replicas=4, parked=[3]).scrape_offset(i)
+                       for i in range(4)]  # fixed per slot and seed  # fmt: skip
+    stage = SimStage(fleet, end_s=1200.0, placement="beside")
+    stage.advance_to(100.0)
+    read_at: dict[int, float] = {}
+    real = fleet.metrics_text
+
+    def text(i: int) -> str:
+        read_at.setdefault(i, stage.now)
+        return real(i)
+
+    monkeypatch.setattr(fleet, "metrics_text", text)
+    obs = asyncio.run(SimGroupMetrics(stage).observe(300.0))
+    # Each serving pod's first read is at the window's start plus its own offset.
+    assert read_at == {i: pytest.approx(100.0 + offsets[i], abs=1.0) for i in range(3)}
+    assert obs[Group.INCUMBENT].window_s == 300.0
+    # The window ends after the last pod's read, not at its nominal end.
+    assert stage.now == pytest.approx(400.0 + max(offsets), abs=1.0)
+
+
+def test_without_scrape_offsets_every_pod_is_read_at_the_same_instant(
+    make_scenario: Callable[..., Scenario],
+) -> None:
+    s = make_scenario(fleet={"replicas": 2})
+    fleet = Fleet(s, arms=Arm(None))
+    assert fleet.max_scrape_offset == 0.0
