@@ -225,4 +225,6 @@ def scaling_of(target: Mapping[str, Any]) -> Scaling:
     during = (
         _count(notes[ANNOTATION_REPLICAS_DURING]) if ANNOTATION_REPLICAS_DURING in notes else None
     )
-    return Scaling(1 if replicas is None else int(replicas), before, during if before else None)
+    return Scaling(
+        1 if replicas is None else int(replicas), before, during if before is not None else None
+    )
