@@ -19,6 +19,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client, watch
@@ -93,6 +94,70 @@ class ServingWatch:
             except Exception:  # an expired resourceVersion: list afresh
                 rv = None
                 self._pods.clear()
+
+
+@dataclass(frozen=True)
+class Row:
+    """One look at the target, its pods and the running trial."""
+
+    trial: tuple[str, str] | None
+    windows: int
+    replicas: int
+    before: str | None
+    target: int
+    canary: int
+
+
+class Sampler:
+    """Looks every 0.3 s at the target's count and annotations, how many target and canary
+    pods serve, and the running trial (in a thread, for the test's length)."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.rows: list[Row] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                t = self.env.running_trial()
+                d = self.env.target()
+                self.rows.append(
+                    Row(
+                        (t["arm"], t["startedAt"]) if t else None,
+                        int(t.get("windows", 0)) if t else 0,
+                        int(d.spec.replicas),
+                        (d.metadata.annotations or {}).get(BEFORE),
+                        _ready_pods(self.env, canary=False),
+                        _ready_pods(self.env, canary=True),
+                    )
+                )
+            except Exception:  # a passing API error: look again
+                pass
+            self._stop.wait(0.3)
+
+    def judged(self) -> list[Row]:
+        """The looks taken during a trial's first window: after the trial was first seen
+        held at 2 + 1, while it still ran with no window recorded and held the target at 2."""
+        held: set[tuple[str, str]] = set()
+        out = []
+        for r in self.rows:
+            if r.trial is None or r.windows or r.replicas != 2:
+                continue
+            if r.trial in held:
+                out.append(r)
+            elif (r.target, r.canary) == (2, 1):
+                held.add(r.trial)
+        return out
 
 
 def _serves(pod: Any) -> bool:
@@ -178,31 +243,27 @@ def test_replace_serves_the_target_per_pod_load_and_never_dips_below_n(
     sims = sim_pods(namespace)
     op = start_operator(namespace)
     why = diagnostics(env, op, sims)
-    with ServingWatch(env, 3) as serving:
+    with ServingWatch(env, 3) as serving, Sampler(env) as samples:
         env.create_spt(spectuning(prometheus.url, search={"window": "5m", "maxTrials": 2}))
-        trial = _held(env, why)
+        _held(env, why)
         cond = wait_for(
             lambda: (c := env.condition("LoadMatched")) and c["status"] == "True" and c,
             timeout=60,
             message=lambda: f"LoadMatched=True; {why()}",
         )
         assert cond["reason"] == "Replace", cond
-        assert _notes(env)[BEFORE] == "3"
-        # A judged window: counted while the target stays at 2 and the canary at 1.
-        judged = wait_for(
-            lambda: (t := env.running_trial()) and t.get("windows", 0) >= 1 and t,
-            timeout=90,
-            interval=0.3,
-            message=lambda: f"a judged window of {trial['arm']}; {why()}",
-        )
-        assert env.target().spec.replicas == 2, judged
-        assert _ready_pods(env, canary=True) == 1
         wait_for(
             lambda: env.status().get("phase") == "Monitoring",
             timeout=300,
             message=lambda: f"the search finished; {why()}",
         )
         wait_for(lambda: _restored(env), timeout=60, message=lambda: f"N restored; {why()}")
+    # While a trial's first window ran (it starts once the canary serves beside 2 target
+    # pods and lasts while the trial holds the target at 2): exactly 2 target pods and 1
+    # canary pod served, with the record of N on the target.
+    judged = samples.judged()
+    assert judged, samples.rows[-20:]
+    assert all((r.target, r.canary, r.before) == (2, 1, "3") for r in judged), judged
     assert serving.fewest is not None and serving.fewest >= 3, (serving.fewest, serving.at_fewest)
     measured = [t for t in env.trials() if t.get("windows", 0) >= 1]
     assert measured, env.trials()
