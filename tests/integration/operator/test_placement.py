@@ -73,6 +73,13 @@ class ServingWatch:
         rv = None
         while not self._stop.is_set():
             try:
+                if rv is None:  # the state to follow: a list, then its changes from there
+                    listed = self.env.core.list_namespaced_pod(
+                        self.env.ns, label_selector=f"app={TARGET}"
+                    )
+                    self._pods = {p.metadata.name: _serves(p) for p in listed.items}
+                    rv = listed.metadata.resource_version
+                    self._note()
                 for ev in self._w.stream(
                     self.env.core.list_namespaced_pod,
                     self.env.ns,
@@ -87,13 +94,15 @@ class ServingWatch:
                         self._pods.pop(name, None)
                     else:
                         self._pods[name] = _serves(pod)
-                    count = sum(self._pods.values())
-                    if len(self._pods) and count < (self.fewest or 10**6):
-                        self.fewest = count
-                        self.at_fewest = dict(self._pods)
+                    self._note()
             except Exception:  # an expired resourceVersion: list afresh
                 rv = None
-                self._pods.clear()
+
+    def _note(self) -> None:
+        count = sum(self._pods.values())
+        if self.fewest is None or count < self.fewest:
+            self.fewest = count
+            self.at_fewest = dict(self._pods)
 
 
 @dataclass(frozen=True)
@@ -213,6 +222,11 @@ def _held(env: Env, why: Callable[[], str]) -> dict[str, Any]:
         held, timeout=120, interval=0.3, message=lambda: f"the target held at 2; {why()}"
     )
     return trial
+
+
+def _judged(env: Env) -> bool:
+    """Whether a trial has a window judged (running still or ended since)."""
+    return any(t.get("windows", 0) >= 1 for t in env.trials())
 
 
 def _restored(env: Env) -> bool:
@@ -453,7 +467,7 @@ def test_an_hpa_on_the_target_keeps_the_canary_beside_and_is_never_edited(
     assert (cond["status"], cond["reason"]) == ("False", "Autoscaled"), cond
     assert "HorizontalPodAutoscaler llama" in cond["message"], cond
     wait_for(
-        lambda: (t := env.running_trial()) and t.get("windows", 0) >= 1,
+        lambda: _judged(env),
         timeout=120,
         message=lambda: f"a judged window beside; {why()}",
     )
@@ -480,12 +494,24 @@ def test_one_replica_runs_the_canary_beside_with_the_reason(
     why = diagnostics(env, op, sims)
     env.create_spt(spectuning(prometheus.url))
     wait_for(
-        lambda: (t := env.running_trial()) and t.get("windows", 0) >= 1,
+        lambda: (
+            env.running_trial()
+            and _ready_pods(env, canary=False) == 1
+            and _ready_pods(env, canary=True) == 1
+        ),
+        timeout=120,
+        interval=0.3,
+        message=lambda: f"a canary serving beside the one target pod; {why()}",
+    )
+    d = env.target()
+    assert d.spec.replicas == 1 and BEFORE not in (d.metadata.annotations or {})
+    wait_for(
+        lambda: _judged(env),
         timeout=120,
         message=lambda: f"a judged window beside; {why()}",
     )
     cond = env.condition("LoadMatched")
     assert cond is not None and (cond["status"], cond["reason"]) == ("False", "SingleReplica")
+    assert "1 replica(s)" in cond["message"], cond
     d = env.target()
     assert d.spec.replicas == 1 and BEFORE not in (d.metadata.annotations or {})
-    assert _ready_pods(env, canary=False) == 1 and _ready_pods(env, canary=True) == 1
