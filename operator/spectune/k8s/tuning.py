@@ -1108,9 +1108,10 @@ class TuningLoop:
         async def window_sleep(seconds: float) -> None:
             """Wait out a window, looking every poll for a reason to stop waiting.
 
-            A changed spec (``suspend: true``, a new search) or a new model version of the
-            target makes the rest of the window worthless: the window is dropped and the
-            next step acts on the change within a poll, not a window later.
+            A changed spec (``suspend: true``, a new search), a new model version of the
+            target, or its replica count changed by someone else while a trial held it
+            (placement ``replace``) makes the rest of the window worthless: the window is
+            dropped and the next step acts on the change within a poll, not a window later.
             """
             end = self._clock.now() + seconds
             while (left := end - self._clock.now()) > 0:
@@ -1131,6 +1132,11 @@ class TuningLoop:
                     live = model_version(target, container, engine.value)
                     if live != known:
                         raise _WindowCutError(f"the model version changed to {live}")
+                    if scaling_of(target).hold is Hold.EXTERNAL:
+                        # Someone else changed the count a trial held: the window no longer
+                        # pairs the loads it started with, and the next step ends the trial
+                        # (ScaledExternally) instead of judging it on this window.
+                        raise _WindowCutError("the target was scaled by someone else")
 
         if mix is not None and spec.retune.on_route_change and prom_source is not None:
             routes = RouteWatch(prom_source.query, mix.query, mix.threshold, self._route_change)

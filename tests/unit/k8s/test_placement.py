@@ -6,16 +6,22 @@ Pure decisions (``k8s/placement.py``): the operator's behaviour on a real API se
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from spectune.api.spec import PlacementChoice
 from spectune.control.ports import Placement
+from spectune.k8s.actuator import KubeActuator
 from spectune.k8s.placement import (
     ANNOTATION_REPLICAS_BEFORE,
     ANNOTATION_REPLICAS_DURING,
     Hold,
+    Scaling,
     autoscaler_of,
     choose_placement,
     scaling_of,
@@ -101,3 +107,67 @@ def test_what_the_annotations_say_spectune_holds() -> None:
     assert scaling_of(_target(4, **{before: "3"})).hold is Hold.EXTERNAL
     # A record that is not a count is no record (never restored to a guess).
     assert scaling_of(_target(2, **{before: "three", during: "2"})).hold is Hold.NONE
+
+
+# -- the autoscaler lookup on a FAKE API: a refusal never wedges the loop ------------------------
+
+
+class _Response:
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.data = json.dumps(doc).encode()
+
+    def release_conn(self) -> None:
+        pass
+
+
+class _FakeAutoscaling:
+    """A FAKE AutoscalingV2Api: lists the given HPAs, or refuses as the API server does."""
+
+    def __init__(self, items: list[Any], status: int | None = None) -> None:
+        self.items, self.status = items, status
+
+    def list_namespaced_horizontal_pod_autoscaler(self, ns: str, **_: Any) -> _Response:
+        if self.status is not None:
+            raise ApiException(status=self.status, reason="Forbidden")
+        return _Response({"items": self.items})
+
+
+class _FakeCustom:
+    """A FAKE CustomObjectsApi for keda.sh ScaledObjects: 404 when KEDA is not installed."""
+
+    def __init__(self, items: list[Any], status: int | None = None) -> None:
+        self.items, self.status = items, status
+
+    def list_namespaced_custom_object(self, *_: Any) -> dict[str, Any]:
+        if self.status is not None:
+            raise ApiException(status=self.status, reason="Not Found")
+        return {"items": self.items}
+
+
+def _verdict(autoscaling: _FakeAutoscaling, custom: _FakeCustom) -> Any:
+    spt = {"metadata": {"name": "tune", "namespace": "ns", "uid": "0"}}
+    kube = KubeActuator(k8s.ApiClient(), spt, "llama", "vllm", "vllm", {}, 1, AUTO)
+    kube._autoscaling = autoscaling  # type: ignore[assignment]
+    kube._custom = custom  # type: ignore[assignment]
+    return asyncio.run(kube._verdict(Scaling(3, None, None)))
+
+
+def test_keda_not_installed_is_no_autoscaler() -> None:
+    v = _verdict(_FakeAutoscaling([]), _FakeCustom([], status=404))
+    assert v.placement is Placement.REPLACE
+
+
+def test_an_hpa_or_scaled_object_on_the_target_keeps_the_canary_beside() -> None:
+    v = _verdict(_FakeAutoscaling([_hpa("web", "llama")]), _FakeCustom([], status=404))
+    assert (v.placement, v.reason) == (Placement.BESIDE, "Autoscaled")
+    keda = {"metadata": {"name": "k"}, "spec": {"scaleTargetRef": {"name": "llama"}}}
+    v = _verdict(_FakeAutoscaling([]), _FakeCustom([keda]))
+    assert (v.placement, v.reason) == (Placement.BESIDE, "Autoscaled")
+
+
+def test_a_forbidden_lookup_falls_back_to_beside_and_says_why() -> None:
+    v = _verdict(_FakeAutoscaling([], status=403), _FakeCustom([], status=404))
+    assert (v.placement, v.reason) == (Placement.BESIDE, "AutoscalerUnknown")
+    assert "HorizontalPodAutoscalers" in (v.message or "") and "403" in (v.message or "")
+    v = _verdict(_FakeAutoscaling([]), _FakeCustom([], status=403))
+    assert v.reason == "AutoscalerUnknown" and "ScaledObjects" in (v.message or "")
