@@ -19,6 +19,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from spectune.api.spec import PlacementChoice
+from spectune.control.placement import PlacementVerdict
 from spectune.control.ports import Deployment, Placement
 from spectune.errors import SourceUnavailableError, SpecError, SpecTuneError
 from spectune.k8s.connect import read_json
@@ -44,7 +45,6 @@ from spectune.k8s.placement import (
     LEAVING_STOPPED,
     LEAVING_SUPERSEDED,
     Hold,
-    PlacementVerdict,
     Scaling,
     autoscaler_of,
     choose_placement,

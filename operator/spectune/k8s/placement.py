@@ -4,7 +4,8 @@
 c canary pods serve, so N pods share the traffic as they did before and each carries the
 target's own per-pod load: the speculation payoff depends on exactly that per-pod batch.
 ``beside`` adds the canary's pods to the target's N (each pod then carries N/(N+c) of its
-load). The actuator (``k8s/actuator.py``) asks :func:`choose_placement` which one holds and
+load). The actuator (``k8s/actuator.py``) asks :func:`choose_placement` (the rules both
+bodies share, ``control/placement.py``, and the operator's own case) which one holds and
 why, and reads and writes the replica counts it owes through the annotations below, on the
 target itself: the actuator's memory is lost on a restart, the target's annotations are not.
 
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from spectune.api.spec import PlacementChoice
+from spectune.control.placement import PlacementVerdict
+from spectune.control.placement import choose_placement as shared_choice
 from spectune.control.ports import Placement
 
 __all__ = [
@@ -28,7 +31,6 @@ __all__ = [
     "LEAVING_STOPPED",
     "LEAVING_SUPERSEDED",
     "Hold",
-    "PlacementVerdict",
     "Scaling",
     "autoscaler_of",
     "choose_placement",
@@ -48,17 +50,6 @@ LEAVING_SUPERSEDED = "superseded"
 LEAVING_STOPPED = "stopped"
 
 
-@dataclass(frozen=True)
-class PlacementVerdict:
-    """Where a canary serves, and why not in the target's place when it cannot."""
-
-    placement: Placement
-    reason: str | None = None
-    """``Requested``, ``SingleReplica``, ``CanaryNotSmaller``, ``Autoscaled`` or
-    ``AutoscalerUnknown`` when beside; None for replace."""
-    message: str | None = None
-
-
 def choose_placement(
     choice: PlacementChoice,
     replicas: int,
@@ -68,71 +59,35 @@ def choose_placement(
 ) -> PlacementVerdict:
     """Replace where it can hold, else beside with the reason.
 
-    Parameters
-    ----------
-    choice
-        ``spec.search.placement``.
-    replicas
-        The target's replica count N (before any trial scaled it).
-    canary_replicas
-        c, the canary's replica count.
-    autoscaler
-        The HorizontalPodAutoscaler or KEDA ScaledObject that owns the target's replicas
-        (``"HorizontalPodAutoscaler web"``), or None.
-    autoscaler_unknown
-        Why it could not be told whether one does (the RBAC forbids listing them), or None.
-
-    Replace cannot hold with one replica (matched load would leave no incumbent serving
-    beside the canary), with c ≥ N (no incumbent pod would be left), or when an autoscaler
-    owns the count (scaling against it is a fight it wins, and it is never edited). An
-    autoscaler that cannot be looked up counts as one: the safe side is not to scale.
+    The rules are the ones both bodies share
+    (:func:`spectune.control.placement.choose_placement`: one replica, c ≥ N, an
+    autoscaler that owns the count, ``beside`` requested); the operator adds the case the
+    simulator never has: whether an autoscaler owns the target's replicas cannot be told
+    (``autoscaler_unknown``: the RBAC forbids listing them). That counts as one (reason
+    ``AutoscalerUnknown``): the safe side is not to scale. With ``placement: replace`` the
+    message says that replace cannot hold.
     """
-    if choice is PlacementChoice.BESIDE:
-        return PlacementVerdict(
+    verdict = shared_choice(choice.value, replicas, canary_replicas, autoscaler)
+    if verdict.placement is Placement.REPLACE and autoscaler_unknown is not None:
+        verdict = PlacementVerdict(
             Placement.BESIDE,
-            "Requested",
-            "search.placement: beside; the canary is added to the target's pods, each of "
-            f"which then carries {replicas}/{replicas + canary_replicas} of its load",
-        )
-    why: tuple[str, str] | None = None
-    if replicas < 2:
-        why = (
-            "SingleReplica",
-            f"the target has {replicas} replica(s): in its place the canary would leave no "
-            "incumbent pod serving beside it",
-        )
-    elif canary_replicas >= replicas:
-        why = (
-            "CanaryNotSmaller",
-            f"the canary's {canary_replicas} replica(s) are not fewer than the target's "
-            f"{replicas}: no incumbent pod would be left",
-        )
-    elif autoscaler is not None:
-        why = (
-            "Autoscaled",
-            f"{autoscaler} owns the target's replica count; spectune never scales against "
-            "it (nor edits it)",
-        )
-    elif autoscaler_unknown is not None:
-        why = (
             "AutoscalerUnknown",
             f"whether an autoscaler owns the target's replicas cannot be told "
-            f"({autoscaler_unknown}); spectune does not scale it",
+            f"({autoscaler_unknown}); spectune does not scale it, so the canary runs beside "
+            "the target",
         )
-    if why is None:
+    if verdict.placement is Placement.REPLACE:
         return PlacementVerdict(
             Placement.REPLACE,
             None,
             f"the canary's {canary_replicas} pod(s) take the place of as many of the target's "
             f"{replicas}: every pod serves the target's own per-pod load",
         )
-    reason, message = why
-    share = f"each of its pods carries {replicas}/{replicas + canary_replicas} of the load"
+    message = verdict.message or ""
     if choice is PlacementChoice.REPLACE:
-        message = f"search.placement: replace cannot hold: {message}; the canary runs beside"
-    else:
-        message = f"{message}; the canary runs beside the target"
-    return PlacementVerdict(Placement.BESIDE, reason, f"{message} ({share})")
+        message = f"search.placement: replace cannot hold: {message}"
+    share = f"each pod carries {replicas}/{replicas + canary_replicas} of the target's load"
+    return PlacementVerdict(verdict.placement, verdict.reason, f"{message} ({share})")
 
 
 def autoscaler_of(

@@ -512,6 +512,6 @@ def test_one_replica_runs_the_canary_beside_with_the_reason(
     )
     cond = env.condition("LoadMatched")
     assert cond is not None and (cond["status"], cond["reason"]) == ("False", "SingleReplica")
-    assert "1 replica(s)" in cond["message"], cond
+    assert "1/2 of the target's load" in cond["message"], cond
     d = env.target()
     assert d.spec.replicas == 1 and BEFORE not in (d.metadata.annotations or {})

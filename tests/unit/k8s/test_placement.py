@@ -65,10 +65,12 @@ def test_the_messages_name_the_numbers_and_a_refused_replace_says_so() -> None:
     assert "1 pod(s)" in (ok.message or "") and "target's 3" in (ok.message or "")
     single = choose_placement(REPLACE, 1, 1)
     assert (single.message or "").startswith("search.placement: replace cannot hold")
-    assert "1/2 of the load" in (single.message or "")
+    assert "1/2 of the target's load" in (single.message or "")
     hpa = choose_placement(AUTO, 4, 1, "HorizontalPodAutoscaler web")
     assert "HorizontalPodAutoscaler web" in (hpa.message or "")
     assert "cannot hold" not in (hpa.message or "")  # auto never promised replace
+    # The operator's own case sits on top of the rules both bodies share.
+    assert choose_placement(AUTO, 1, 1, None, "HTTP 403").reason == "SingleReplica"
 
 
 def _hpa(name: str, target: str, kind: str = "Deployment", api: str = "apps/v1") -> Any:
