@@ -58,6 +58,22 @@ _PRINTER_COLUMNS = [
     ("Age", "date", ".metadata.creationTimestamp", ""),
 ]
 
+_WIDE_COLUMNS = [
+    (
+        "Placement",
+        "string",
+        '.status.conditions[?(@.type=="LoadMatched")].reason',
+        "Replace when the canary takes the place of target pods, else why it runs beside",
+    ),
+    (
+        "LoadRatio",
+        "number",
+        ".status.trials[-1:].loadRatio",
+        "The latest trial's canary over incumbent load per pod (1: matched)",
+    ),
+]
+"""Shown by ``kubectl get spt -o wide`` only (printer column priority 1)."""
+
 
 def _ref_name(ref: str) -> str:
     prefix = "#/$defs/"
@@ -153,11 +169,14 @@ def crd_manifest() -> dict[str, Any]:
         },
     }
     columns = []
-    for name, kind, path, description in _PRINTER_COLUMNS:
-        column = {"name": name, "type": kind, "jsonPath": path}
-        if description:
-            column["description"] = description
-        columns.append(column)
+    for priority, table in ((0, _PRINTER_COLUMNS), (1, _WIDE_COLUMNS)):
+        for name, kind, path, description in table:
+            column: dict[str, Any] = {"name": name, "type": kind, "jsonPath": path}
+            if description:
+                column["description"] = description
+            if priority:
+                column["priority"] = priority
+            columns.append(column)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

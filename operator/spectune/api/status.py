@@ -170,6 +170,36 @@ class Trial(ApiModel):
     incumbent_objective: float | None = Field(
         None, description="The objective measured on the incumbent in the same windows."
     )
+    canary_load_per_pod: float | None = Field(
+        None,
+        description=(
+            "Requests the canary's pods finished per pod per second, mean over the windows."
+        ),
+    )
+    incumbent_load_per_pod: float | None = Field(
+        None,
+        description=(
+            "Requests the incumbent's pods finished per pod per second in the same windows."
+        ),
+    )
+    canary_batch: float | None = Field(
+        None, description="Mean running requests per canary pod (the batch), over the windows."
+    )
+    incumbent_batch: float | None = Field(
+        None, description="Mean running requests per incumbent pod in the same windows."
+    )
+    load_ratio: float | None = Field(
+        None,
+        description=(
+            "Canary over incumbent load per pod, mean over the windows: 1 when both serve the "
+            "same per-pod load (placement replace); N/(N+c)-like shares show a canary beside."
+        ),
+    )
+    matched_windows: int | None = Field(
+        None,
+        ge=0,
+        description="Windows whose load ratio is within 15 % of 1 (judged as matched pairs).",
+    )
     reason: str = Field("", max_length=1024, description="Why the trial ended as it did.")
 
 

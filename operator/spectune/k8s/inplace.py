@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spectune.control.groups import WindowedSource
-from spectune.control.ports import Deployment, Group
+from spectune.control.ports import Deployment, Group, Placement
 from spectune.errors import NoDataError, SourceUnavailableError, SpecTuneError
 from spectune.k8s.actuator import KubeActuator
 from spectune.k8s.deployments import (
@@ -162,6 +162,7 @@ class InPlaceActuator:
                 canary_failure=None,
                 rolling=state.readiness is Readiness.WAITING,
                 model_version=version,
+                placement=Placement.IN_PLACE,
             )
         arm = parse_arm(trial)
         incumbent = parse_arm(notes.get(ANNOTATION_INCUMBENT) or current.name)
@@ -169,7 +170,9 @@ class InPlaceActuator:
             # The trial waits for a rollback to the incumbent to finish: start it now.
             if current.name == incumbent.name and state.readiness is Readiness.READY:
                 await k.patch_target(self._patch_to(arm, arm.name, incumbent.name))
-            return Deployment(incumbent, arm, False, None, False, version)
+            return Deployment(
+                incumbent, arm, False, None, False, version, placement=Placement.IN_PLACE
+            )
         return Deployment(
             incumbent=incumbent,
             canary=arm,
@@ -177,6 +180,7 @@ class InPlaceActuator:
             canary_failure=state.reason if state.readiness is Readiness.STUCK else None,
             rolling=False,
             model_version=version,
+            placement=Placement.IN_PLACE,
         )
 
     async def start_canary(self, arm: Arm) -> None:

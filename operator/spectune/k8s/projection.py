@@ -36,7 +36,7 @@ from spectune.api.status import (
 from spectune.control.controller import ControllerState
 from spectune.control.controller import Phase as LoopPhase
 from spectune.search.arms import Arm, parse_arm
-from spectune.search.history import History, TrialRecord
+from spectune.search.history import History, TrialRecord, WindowRecord
 from spectune.search.objective import WindowStats
 from spectune.search.policy import Decision, Estimate
 
@@ -171,17 +171,33 @@ def trials_of(history: History) -> tuple[Trial, ...]:
     return tuple(out)
 
 
+def _per_pod_rate(w: WindowRecord, stats: WindowStats | None) -> float:
+    """Requests ``stats``' group finished per pod per second over window ``w`` (NaN unknown)."""
+    span = w.end_s - w.start_s
+    if stats is None or not stats.pods or not span > 0 or not math.isfinite(stats.requests):
+        return math.nan
+    return stats.requests / stats.pods / span
+
+
 def _trial(t: TrialRecord) -> Trial:
-    can = _mean(w.canary.objective for w in t.windows if w.canary is not None)
-    inc = _mean(w.incumbent.objective for w in t.windows if w.incumbent is not None)
+    ws = t.windows
+    can = _mean(w.canary.objective for w in ws if w.canary is not None)
+    inc = _mean(w.incumbent.objective for w in ws if w.incumbent is not None)
+    ratios = [w.load_ratio for w in ws if math.isfinite(w.load_ratio)]
     return Trial(
         arm=t.arm,
         outcome=TrialOutcome(t.outcome.value),
         started_at=_time(t.started_s),
-        windows=len(t.windows),
+        windows=len(ws),
         incumbent=t.incumbent or None,
         canary_objective=can,
         incumbent_objective=inc,
+        canary_load_per_pod=_mean(_per_pod_rate(w, w.canary) for w in ws),
+        incumbent_load_per_pod=_mean(_per_pod_rate(w, w.incumbent) for w in ws),
+        canary_batch=_mean(w.canary.running for w in ws if w.canary is not None),
+        incumbent_batch=_mean(w.incumbent.running for w in ws if w.incumbent is not None),
+        load_ratio=_mean(ratios),
+        matched_windows=sum(1 for w in ws if w.matched) if ws else None,
         reason=t.reason[:1024],
     )
 

@@ -65,7 +65,7 @@ from spectune.api.status import (
 )
 from spectune.control.controller import Controller, Event
 from spectune.control.groups import PairedSources, WindowedSource
-from spectune.control.ports import Deployment, Group, GroupMetrics
+from spectune.control.ports import Deployment, Group, GroupMetrics, Placement
 from spectune.diagnose import diagnose
 from spectune.errors import (
     InputError,
@@ -98,6 +98,7 @@ from spectune.k8s.deployments import (
     spec_config_for,
 )
 from spectune.k8s.inplace import ANNOTATION_TRIAL, InPlaceActuator, InPlaceMetrics
+from spectune.k8s.placement import Hold, scaling_of
 from spectune.k8s.projection import (
     ConditionUpdate,
     Memory,
@@ -288,8 +289,16 @@ class _TrackingActuator:
         return dep
 
     async def settle(self) -> None:
-        """Finish what the step left owed (an in-place rollback)."""
+        """Finish what the step left owed (an in-place rollback, a restore under way)."""
         await self.inner.settle()
+
+    async def restored(self, timeout_s: float) -> bool:
+        """After a stop: wait (at most ``timeout_s``) until the target is back at its own
+        replica count and no canary is leaving (placement ``replace``); True once so."""
+        await self.inner.settle()
+        if isinstance(self.inner, KubeActuator):
+            return await self.inner.restored(timeout_s)
+        return True
 
     async def start_canary(self, arm: Arm) -> None:
         self._check(f"start a canary on {arm.name}")
@@ -391,6 +400,19 @@ def check_remote_code(
         raise SpecError("; ".join(refusals))
 
 
+def _load_matched(dep: Deployment) -> ConditionUpdate:
+    """``LoadMatched``: True (reason ``Replace``) when a canary takes the place of target
+    pods, so both groups serve the same per-pod load; else False with the reason."""
+    if dep.placement is Placement.REPLACE:
+        return _cond("LoadMatched", True, "Replace", dep.placement_message or "replace")
+    return _cond(
+        "LoadMatched",
+        False,
+        dep.placement_reason or "Beside",
+        dep.placement_message or "the canary runs beside the target",
+    )
+
+
 def _seed(uid: str) -> int:
     return int(hashlib.sha256(uid.encode()).hexdigest()[:8], 16)
 
@@ -476,6 +498,8 @@ class TuningLoop:
         self._missing: str | None = None
         """While the target is missing: the arm it ran before ("" when unknown)."""
         self._rebuild = False
+        self._owed: _TrackingActuator | None = None
+        """A restore not finished when the loop stopped tuning: reconciled at every look."""
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -648,7 +672,26 @@ class TuningLoop:
 
     async def _wait(self) -> None:
         await self._clock.sleep(self._settings.poll_s)
+        await self._reconcile_owed()
         await self._flush()
+
+    async def _restore(self, actuator: _TrackingActuator) -> None:
+        """After a stop, before the loop stops tuning (suspend, a stand-down, a pause, an
+        outage): the target back at N and the canary gone, waited for at most
+        ``SPECTUNE_CLEANUP_TIMEOUT_SECONDS``. What is left then (a pod that cannot start) is
+        carried on at every later look, so nothing stays at N−c without a trial."""
+        if not await actuator.restored(self._settings.cleanup_timeout_s):
+            self._owed = actuator
+
+    async def _reconcile_owed(self) -> None:
+        owed = self._owed
+        if owed is None:
+            return
+        try:
+            if await owed.restored(0.0):
+                self._owed = None
+        except SpecTuneError as exc:  # a passing API error: looked at again next time
+            log.info("%s/%s: restoring the target: %s", self._ns, self._name, exc)
 
     # -- the turn -------------------------------------------------------------------------------
 
@@ -787,12 +830,14 @@ class TuningLoop:
         if b is None:
             raw = self._body.get("spec") or {}
             name = str((raw.get("targetRef") or {}).get("name", ""))
-            await KubeActuator(self._api, self._spt(), name, None, "vllm", {}).stop_canary()
+            bare = _TrackingActuator(KubeActuator(self._api, self._spt(), name, None, "vllm", {}))
+            await bare.stop_canary()
+            await self._restore(bare)
             return None
         c = b.controller
         running = c._running()
         await b.actuator.stop_canary()
-        await b.actuator.settle()
+        await self._restore(b.actuator)
         if running is not None:
             c.history = c.history.update_last(running.ended(Outcome.ABORTED, why[:300]))
             self._emit("Warning", "TrialAborted", f"{running.arm}: {why[:300]}; canary removed")
@@ -891,7 +936,7 @@ class TuningLoop:
             target = await bare.read_target()
             actuator = _TrackingActuator(self._strategy(spec, detect_engine(spec, target)))
         await actuator.stop_canary()
-        await actuator.settle()
+        await self._restore(actuator)
         running = self._built.controller._running() if self._built is not None else None
         if self._built is not None and running is not None:
             c = self._built.controller
@@ -907,7 +952,8 @@ class TuningLoop:
                         "Ready",
                         True,
                         "Suspended",
-                        "suspend: true; canaries removed, the target is left as it is",
+                        "suspend: true; canaries removed, the target is left as it is (at "
+                        "its own replica count)",
                     ),
                 ),
             )
@@ -932,6 +978,7 @@ class TuningLoop:
             engine.value,
             drafters_of(spec, self._settings.drafter_model_allow_list),
             spec.search.canary_replicas,
+            spec.search.placement,
         )
         if spec.search.strategy is Strategy.IN_PLACE:
             return InPlaceActuator(kube)
@@ -1061,9 +1108,10 @@ class TuningLoop:
         async def window_sleep(seconds: float) -> None:
             """Wait out a window, looking every poll for a reason to stop waiting.
 
-            A changed spec (``suspend: true``, a new search) or a new model version of the
-            target makes the rest of the window worthless: the window is dropped and the
-            next step acts on the change within a poll, not a window later.
+            A changed spec (``suspend: true``, a new search), a new model version of the
+            target, or its replica count changed by someone else while a trial held it
+            (placement ``replace``) makes the rest of the window worthless: the window is
+            dropped and the next step acts on the change within a poll, not a window later.
             """
             end = self._clock.now() + seconds
             while (left := end - self._clock.now()) > 0:
@@ -1084,6 +1132,11 @@ class TuningLoop:
                     live = model_version(target, container, engine.value)
                     if live != known:
                         raise _WindowCutError(f"the model version changed to {live}")
+                    if scaling_of(target).hold is Hold.EXTERNAL:
+                        # Someone else changed the count a trial held: the window no longer
+                        # pairs the loads it started with, and the next step ends the trial
+                        # (ScaledExternally) instead of judging it on this window.
+                        raise _WindowCutError("the target was scaled by someone else")
 
         if mix is not None and spec.retune.on_route_change and prom_source is not None:
             routes = RouteWatch(prom_source.query, mix.query, mix.threshold, self._route_change)
@@ -1138,16 +1191,39 @@ class TuningLoop:
             ).name
         built = _Built(self._generation, spec, engine, controller, actuator, metrics, original)
         self._rebuild = False
-        await self._resume_canary(built)
+        await self._resume_canary(built, restarted=prior is None)
         return built
 
-    async def _resume_canary(self, b: _Built) -> None:
-        """After a restart: no canary without a running trial, and the running trial's canary."""
+    async def _resume_canary(self, b: _Built, restarted: bool = False) -> None:
+        """After a restart: no canary without a running trial, and the running trial's canary.
+
+        A loop that starts (``restarted``) and finds the target held at N−c by the running
+        trial (placement ``replace``) restores N, removes the canary and ends the trial,
+        aborted: whatever the last process did in between (a window it measured and never
+        recorded, a restore it began) is not known, and the count is the owner's to have
+        back first. The search goes on from the next step.
+        """
         running = b.controller._running()
+        kube = b.actuator.inner
+        if restarted and running is not None and isinstance(kube, KubeActuator):
+            hold = scaling_of(await kube.read_target()).hold
+            if hold is not Hold.NONE:
+                why = "the tuning loop restarted while the trial held the target's replicas; " + (
+                    "the count someone else set is kept"
+                    if hold is Hold.EXTERNAL
+                    else "they were restored"
+                )
+                c = b.controller
+                c.history = c.history.update_last(running.ended(Outcome.ABORTED, why))
+                c.state = replace(c.state, trial_started_s=None)
+                self._emit("Warning", "TrialAborted", f"{running.arm}: {why}; canary removed")
+                await b.actuator.stop_canary()
+                await self._restore(b.actuator)
+                return
         dep = await b.actuator.deployment()
-        if running is None and dep.canary is not None:
+        if running is None and (dep.canary is not None or dep.rolling):
             await b.actuator.stop_canary()
-            await b.actuator.settle()
+            await self._restore(b.actuator)
         elif running is not None and (dep.canary is None or dep.canary.name != running.arm):
             await b.actuator.start_canary(parse_arm(running.arm))
 
@@ -1224,6 +1300,8 @@ class TuningLoop:
             return  # the next turn acts on it (suspend, mode, search, a new model ...)
         dep = b.actuator.last
         applied = dep.incumbent if dep is not None else None
+        if dep is not None and dep.placement is not Placement.IN_PLACE:
+            conditions.append(_load_matched(dep))
         verified = verified_condition(c.state)
         if verified is not None:
             conditions.append(verified)
@@ -1274,7 +1352,7 @@ class TuningLoop:
             reason = f"metrics unavailable for {self._failures} consecutive windows"
             c.history = c.history.update_last(running.ended(Outcome.ABORTED, reason))
             await b.actuator.stop_canary()
-            await b.actuator.settle()
+            await self._restore(b.actuator)
             where = (
                 "the target returned to the incumbent"
                 if isinstance(b.actuator.inner, InPlaceActuator)
@@ -1296,7 +1374,9 @@ class TuningLoop:
                     running.ended(Outcome.ABORTED, "the target was edited by hand")
                 )
             await b.actuator.stop_canary()
-            await b.actuator.settle()  # an in-place trial: the edit is kept, not rolled back
+            # An in-place trial: the edit is kept, not rolled back; a replaced canary: the
+            # target's replica count back first (only the count is written, never the edit).
+            await self._restore(b.actuator)
             self._emit(
                 "Warning",
                 "HumanEdit",
@@ -1531,7 +1611,15 @@ async def cleanup(
     bare = KubeActuator(api, spt, target_name, None, "vllm", {})
     try:
         await bare.stop_canary()
-        done.append("canaries removed")
+        if await bare.restored():
+            done.append("canaries removed")
+        else:
+            # A trial held the target at N−c: it is back at N, and its canary leaves once
+            # the target's pods are Ready (the delete handler looks again every poll).
+            failed.append(
+                "the target is going back to its own replica count; its canary leaves once "
+                "the target's pods are Ready"
+            )
     except SpecTuneError as exc:
         failed.append(
             f"removing the canaries ({exc}); they are owned by the SpecTuning, so Kubernetes' "

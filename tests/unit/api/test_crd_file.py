@@ -121,7 +121,12 @@ def test_resource_names_status_subresource_and_printer_columns() -> None:
         ("ACCEPTANCE", ".status.acceptance.rate"),
         ("SPEEDUP", ".status.recommendation.expectedSpeedup"),
         ("AGE", ".metadata.creationTimestamp"),
+        ("PLACEMENT", '.status.conditions[?(@.type=="LoadMatched")].reason'),
+        ("LOADRATIO", ".status.trials[-1:].loadRatio"),
     ]
+    # The placement and the load ratio are for `kubectl get spt -o wide` only.
+    wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
+    assert wide == ["Placement", "LoadRatio"]
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -140,6 +140,7 @@ class FakeKube:
         engine: str,
         drafters: Mapping[str, DrafterArgs],
         canary_replicas: int = 1,
+        placement: Any = None,
     ) -> None:
         self.container, self.engine, self.drafters = container, engine, dict(drafters)
         self._name = target
@@ -199,6 +200,9 @@ class FakeKube:
 
     async def settle(self) -> None:
         return None
+
+    async def restored(self, timeout_s: float = 0.0) -> bool:
+        return True
 
 
 class FakeProm:

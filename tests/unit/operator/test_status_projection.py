@@ -81,6 +81,33 @@ def test_trials_show_the_measured_values_and_the_running_one() -> None:
     assert second["outcome"] == "running" and "canaryObjective" not in second
 
 
+def test_a_trial_shows_the_per_pod_load_of_both_groups_and_their_ratio() -> None:
+    """Canary: 100 requests on 1 pod over 10 s; incumbent: 300 on 2 pods (15/s per pod)."""
+    can = replace(_stats(0.020), requests=100, pods=1, running=6.0)
+    inc = replace(_stats(0.030), requests=300, pods=2, running=9.0)
+    beside = WindowRecord(100.0, 110.0, inc, can, "off")
+    matched = WindowRecord(110.0, 120.0, inc, replace(can, requests=150), "off")
+    t = TrialRecord("eagle3/3", "off", 0, 100.0, Outcome.MEASURED, "", (beside, matched))
+    doc = build_status(
+        SpecTuningStatus(),
+        StatusInputs(phase=Phase.EXPLORING, generation=1, now=T0,
+                     memory=Memory(History().add_trial(t), ControllerState())),
+    )  # fmt: skip
+    (trial,) = doc["trials"]
+    assert trial["canaryLoadPerPod"] == 12.5  # (10 + 15) / 2 per pod per second
+    assert trial["incumbentLoadPerPod"] == 15.0
+    assert (trial["canaryBatch"], trial["incumbentBatch"]) == (6.0, 9.0)
+    assert math.isclose(trial["loadRatio"], (10 / 15 + 1.0) / 2)
+    assert trial["matchedWindows"] == 1  # 0.67 is outside ±15 %, 1.0 within
+    running = build_status(
+        SpecTuningStatus(),
+        StatusInputs(phase=Phase.EXPLORING, generation=1, now=T0,
+                     memory=Memory(History().add_trial(TrialRecord("eagle3/2", "off", 0, 1.0)),
+                                   ControllerState())),
+    )["trials"][0]  # fmt: skip
+    assert "loadRatio" not in running and "matchedWindows" not in running
+
+
 def test_acceptance_from_per_position_counts() -> None:
     acc = acceptance_of(_stats(0.02, k=3, drafts=1000, per_pos=(800, 600, 400)), 10.0)
     assert acc is not None
