@@ -560,11 +560,19 @@ class KubeActuator:
         """Reconcile until nothing is owed: the target at its own count, no canary leaving.
 
         Looks every :data:`RESTORE_POLL_S` for at most ``timeout_s`` (0: one look); True
-        once done. A trial's canary (not marked leaving) may stay.
+        once done. A trial's canary (not marked leaving) may stay. A missing target owes
+        nothing: its canaries are deleted and the answer is True.
         """
         deadline = time.monotonic() + timeout_s
         while True:
-            view = await self._reconcile()
+            try:
+                view = await self._reconcile()
+            except TargetMissingError:
+                # No target, no count to give back: the canaries just go (their owner is
+                # gone, so nothing would ever hold their place again).
+                for c in await self._canaries():
+                    await self._delete(c, wait_for_pods=False)
+                return True
             done = view.scaling.hold is Hold.NONE and all(
                 c is view.current and not c["metadata"].get("deletionTimestamp")
                 for c in view.canaries
