@@ -210,15 +210,12 @@ class SimStage:
                 arm, self._promote_after = self._promote_after, None
                 self.promote(arm)
         canary = self.canary_arm
-        if canary is None or not self._serving(self.canary_idx, canary):
-            if canary is None and self._old:
-                self.fleet.park(self._old)
-                self._spare, self._old = self._old, ()
-            return
-        if self._old:
+        serving = canary is not None and self._serving(self.canary_idx, canary)
+        if self._old and (canary is None or serving):
+            # Nothing needs the old canary any more: no trial, or the new one serves.
             self.fleet.park(self._old)
             self._spare, self._old = self._old, ()
-        if not self._displaced and not self.rolling:
+        if serving and not self._displaced and not self.rolling:
             target = self._target_replicas()
             self._displaced = tuple(target[-len(self.canary_idx) :])
             self.fleet.park(self._displaced)
