@@ -94,11 +94,13 @@ __all__ = [
     "burst_excluded_quantile",
     "burst_share",
     "catch_up_burst",
+    "close_trial",
     "guardrail_breach",
     "guardrail_judgement",
     "judged_windows",
     "load_cost",
     "posterior_draws",
+    "trial_evidence",
     "unexplored_prior",
 ]
 
@@ -175,7 +177,7 @@ def burst_share(can: WindowStats, inc: WindowStats) -> float:
     return inc.running * max(can.pods, 1) / can.requests
 
 
-def _evidence(t: TrialRecord) -> tuple[float, float]:
+def trial_evidence(t: TrialRecord) -> tuple[float, float]:
     """A trial's canary requests and drafted tokens over its windows (the tokens NaN where
     the engine exports no draft-token counter, which no minimum can then hold back)."""
     canaries = [w.canary for w in t.windows if w.canary is not None]
@@ -290,6 +292,36 @@ def judged_windows(t: TrialRecord, g: Guardrails) -> int:
         if w.canary is not None and w.incumbent is not None:
             n += guardrail_judgement(w.canary, w.incumbent, g, i == 0)[0]
     return n
+
+
+def close_trial(ctx: TuningContext, t: TrialRecord) -> tuple[Outcome, str] | None:
+    """How a running trial ends after its latest window, or None while it needs another.
+
+    ABORTED at once on a guardrail breach in the latest window (:func:`guardrail_breach`);
+    otherwise None while it holds fewer than ``min_requests`` canary requests or, for a
+    drafted arm, ``min_drafts`` drafted tokens, or no window judged on its guardrails, up
+    to :data:`MAX_WINDOWS_PER_TRIAL`; then ABORTED if still no window could be judged (a
+    trial never ends measured, so never in a promotion, unjudged), else MEASURED.
+    """
+    last = t.windows[-1]
+    if last.canary is not None and last.incumbent is not None:
+        guards = ctx.objective.guardrails
+        why = guardrail_breach(last.canary, last.incumbent, guards, len(t.windows) == 1)
+        if why is not None:
+            return Outcome.ABORTED, why
+    requests, drafted = trial_evidence(t)
+    short = requests < ctx.min_requests or (
+        parse_arm(t.arm).drafter is not None and drafted < ctx.min_drafts
+    )
+    unjudged = judged_windows(t, ctx.objective.guardrails) == 0
+    if (short or unjudged) and len(t.windows) < MAX_WINDOWS_PER_TRIAL:
+        return None
+    if unjudged:
+        return Outcome.ABORTED, (
+            f"no window of its {len(t.windows)} could be judged on guardrails (the "
+            "balancer's catch-up burst filled them)"
+        )
+    return Outcome.MEASURED, f"{len(t.windows)} window(s), {requests:.0f} canary requests"
 
 
 def _best_ratio(alpha: float, decay: float, cost: float, max_k: int) -> tuple[int, float]:
@@ -408,7 +440,7 @@ class SpectunePolicy:
                 out = acceptance_rules_out(ctx, history, running)
                 if out is not None:
                     return self._next(ctx, history, Outcome.MEASURED, f"{running.arm}: {out}", None)
-                requests, drafted = _evidence(running)
+                requests, drafted = trial_evidence(running)
                 seen = f"{requests:.0f} canary requests"
                 if not math.isnan(drafted):
                     seen += f" and {drafted:.0f} drafted tokens (minDrafts {ctx.min_drafts})"
@@ -432,27 +464,7 @@ class SpectunePolicy:
     # -- a running trial -------------------------------------------------------------------
 
     def _close(self, ctx: TuningContext, t: TrialRecord) -> tuple[Outcome, str] | None:
-        last = t.windows[-1]
-        if last.canary is not None and last.incumbent is not None:
-            guards = ctx.objective.guardrails
-            why = guardrail_breach(last.canary, last.incumbent, guards, len(t.windows) == 1)
-            if why is not None:
-                return Outcome.ABORTED, why
-        requests, drafted = _evidence(t)
-        short = requests < ctx.min_requests or (
-            parse_arm(t.arm).drafter is not None and drafted < ctx.min_drafts
-        )
-        # A trial never ends measured, and so never in a promotion, without a window
-        # judged on its guardrails.
-        unjudged = judged_windows(t, ctx.objective.guardrails) == 0
-        if (short or unjudged) and len(t.windows) < MAX_WINDOWS_PER_TRIAL:
-            return None
-        if unjudged:
-            return Outcome.ABORTED, (
-                f"no window of its {len(t.windows)} could be judged on guardrails (the "
-                "balancer's catch-up burst filled them)"
-            )
-        return Outcome.MEASURED, f"{len(t.windows)} window(s), {requests:.0f} canary requests"
+        return close_trial(ctx, t)
 
     # -- the next arm ----------------------------------------------------------------------
 
