@@ -153,19 +153,19 @@ def aa_world(doc: dict[str, Any]) -> tuple[dict[str, Any], SearchSpace] | None:
     return world, space
 
 
-def _aa_one(doc: dict[str, Any], window: float) -> dict[str, Any] | None:
+def _aa_one(doc: dict[str, Any], window: float, policy: str) -> dict[str, Any] | None:
     made = aa_world(doc)
     if made is None:
         return None
     world, space = made
     scenario = scenario_from_mapping(world)
     twin = f"{space.drafters[1].name}/1"
-    r = run_bench(scenario, "spectune", window_s=window, jobs=1, space=space)
+    r = run_bench(scenario, policy, window_s=window, jobs=1, space=space)
     claims = [
-        float(m.group(1))
+        float(m.group(1)) if m.group(1) else 1 - float(m.group(2)) / 100
         for e in r.events
         if e.reason == "Promoted" and e.message.startswith(twin)
-        for m in [re.search(r"measured at ([0-9.]+)×", e.message)]
+        for m in [re.search(r"measured at ([0-9.]+)×|([+-][0-9.]+)% vs", e.message)]
         if m
     ]
     return {
@@ -177,7 +177,7 @@ def _aa_one(doc: dict[str, Any], window: float) -> dict[str, Any] | None:
 
 
 def aa_check(
-    worlds: list[SampledWorld], window: float, jobs: int, console: Console
+    worlds: list[SampledWorld], window: float, jobs: int, console: Console, policy: str = "spectune"
 ) -> tuple[int, int, int, list[float]]:
     """The A/A check over the set: worlds, worlds whose twin was trialled, worlds where it
     was promoted (a false promotion: a restart for an arm that is the incumbent's physics),
@@ -185,7 +185,7 @@ def aa_check(
     out = []
     with ProcessPoolExecutor(max_workers=jobs) as pool, Progress(console=console) as progress:
         task = progress.add_task("A/A worlds", total=len(worlds))
-        for f in as_completed([pool.submit(_aa_one, w.scenario, window) for w in worlds]):
+        for f in as_completed([pool.submit(_aa_one, w.scenario, window, policy) for w in worlds]):
             res = f.result()
             if res is not None:
                 out.append(res)
@@ -392,11 +392,15 @@ def main(argv: list[str] | None = None) -> int:
         worlds = worlds[: ns.limit]
     wall0 = time.perf_counter()
     if ns.aa:
-        n, trialled, promoted, claimed = aa_check(worlds, ns.window, ns.jobs, console)
+        # The A/A check judges one policy: the first of --policies when given, else spectune.
+        policy = (
+            ns.policies.split(",")[0].strip() if ns.policies != DEFAULT_POLICIES else "spectune"
+        )
+        n, trialled, promoted, claimed = aa_check(worlds, ns.window, ns.jobs, console, policy)
         ci = wilson_interval(promoted, trialled) if trialled else None
         rate = f"{promoted / trialled:.3f}" if trialled else "—"
         console.print(
-            f"A/A: {n} worlds, the twin trialled in {trialled}, promoted in {promoted}: "
+            f"A/A ({policy}): {n} worlds, the twin trialled in {trialled}, promoted in {promoted}: "
             f"false-promotion rate {rate}"
             + (f" (95 % interval {ci.low:.3f}–{ci.high:.3f}); δ = 0.05" if ci else "")
             + f"; {time.perf_counter() - wall0:.0f} s"

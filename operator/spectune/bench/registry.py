@@ -95,6 +95,12 @@ _FACTORIES: dict[str, PolicyFactory] = {
 }
 
 
+def _spectune_v2(req: PolicyRequest) -> Policy:
+    from spectune.search.decide import ModelPolicy
+
+    return ModelPolicy()
+
+
 def _spectune_available() -> bool:
     try:
         return importlib.util.find_spec("spectune.search.spectune_policy") is not None
@@ -107,7 +113,12 @@ def _factories() -> dict[str, PolicyFactory]:
     if "spectune" not in found and _spectune_available():
         # spectune-v1 is today's policy under the name the rebuilt brain (issue [J]) is
         # compared against; [J] copies the module before it changes a line of it.
-        found = {"spectune": _spectune, "spectune-v1": _spectune, **found}
+        found = {
+            "spectune": _spectune,
+            "spectune-v1": _spectune,
+            "spectune-v2": _spectune_v2,
+            **found,
+        }
     return found
 
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from spectune.control.ports import Actuator, Clock, Deployment, Group, GroupMetrics
+from spectune.control.ports import Actuator, Clock, Deployment, Group, GroupMetrics, Placement
 from spectune.core import wilson_interval
 from spectune.errors import WindowCutError
 from spectune.search.arms import Arm, parse_arm
@@ -178,11 +178,12 @@ class Controller:
         if self.on_event is not None:
             self.on_event(Event(self.clock.now(), reason, message))
 
-    def _context(self, incumbent: Arm) -> TuningContext:
+    def _context(self, dep: Deployment) -> TuningContext:
         return TuningContext(
             space=self.space,
             objective=self.objective,
-            incumbent=incumbent,
+            incumbent=dep.incumbent,
+            canary_beside=dep.placement is Placement.BESIDE,
             now_s=self.clock.now(),
             max_trials=self.config.max_trials,
             min_drafts=self.config.min_drafts,
@@ -375,7 +376,7 @@ class Controller:
                 if moved is not None:
                     await self._promote_then_retune(dep, moved)
                     return
-        decision = self.policy.decide(self._context(dep.incumbent), self.history)
+        decision = self.policy.decide(self._context(dep), self.history)
         self.last_decision = decision
         await self._act(decision, dep)
 
@@ -455,7 +456,7 @@ class Controller:
         holds whatever the load did: if the policy would promote on it, that happens
         before the new epoch (whose first trials then start from the better arm).
         """
-        d = self.policy.decide(self._context(dep.incumbent), self.history)
+        d = self.policy.decide(self._context(dep), self.history)
         if d.kind is DecisionKind.PROMOTE and d.arm is not None and d.arm != dep.incumbent:
             self._end_running(Outcome.MEASURED, "promoted; the load moved")
             await self.actuator.stop_canary()

@@ -90,6 +90,9 @@ class TuningContext:
     """Fewest tokens a drafted arm's canary must have drafted over its trial's windows
     before the trial is judged (SpecTuning ``search.minDrafts``); not counted where the
     engine exports no draft-token counter."""
+    canary_beside: bool = False
+    """Whether trial canaries serve beside the target's pods rather than in their place:
+    then the target's own pods carry the canary's share of the load once a trial ends."""
     assumed_draft_cost: float = ASSUMED_DRAFT_COST
     """Draft cost c assumed until one is measured (it only chooses the search's first
     trial; every later decision rests on measured costs)."""
