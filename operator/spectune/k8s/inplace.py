@@ -22,6 +22,10 @@ brain needs no second code path:
   trial's every judged window compares B with the A stretch next to it, in the same traffic
   period, at the same per-pod load (one window apart), instead of with a remembered window
   of A at a similar load. A pair ends on A, so a trial that ends there costs no rollback.
+  B always runs first in its pair: a load that trends within a trial makes A's stretch the
+  later one in every pair alike. A move beyond ±15 % between the two stretches shows in the
+  window's per-pod load ratio (``WindowRecord.matched``), and such a pair is not judged as
+  a matched one; a slower trend inside that band is what pairing one window apart accepts.
 
 Why a wash-out (``search.switchback.washout``): a pod that just became Ready is not yet the
 pod that serves at steady state. Its running batch starts empty and fills in about one
