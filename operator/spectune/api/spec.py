@@ -55,6 +55,7 @@ __all__ = [
     "SecretKeyRef",
     "SpecTuningSpec",
     "Strategy",
+    "SwitchbackSpec",
     "TargetRef",
     "TrafficMix",
     "TrustRemoteCode",
@@ -383,6 +384,20 @@ class Drafter(ApiModel):
         return self
 
 
+class SwitchbackSpec(ApiModel):
+    """How an ``inPlace`` trial alternates the target between its two arms."""
+
+    washout: Duration = Field(
+        "1m",
+        description=(
+            "inPlace strategy: time after each restart of the target (once its rollout is "
+            "Ready) that is not measured, a duration: the new pods' batch, prefix cache and "
+            "queue refill, and Prometheus first scrapes them. Each A/B pair costs two "
+            "restarts and two wash-outs. Default 1m."
+        ),
+    )
+
+
 class SearchSpec(ApiModel):
     """How arms are tried and when the search stops."""
 
@@ -390,8 +405,16 @@ class SearchSpec(ApiModel):
         Strategy.CANARY,
         description=(
             "canary: clone the target per trial arm so both arms serve the same live traffic; "
-            "inPlace: patch the target itself, one trial at a time. Default canary."
+            "inPlace: a switchback on the target itself, one trial at a time: the target "
+            "alternates between the trial arm and the incumbent, window by window, each "
+            "window after a restart and a wash-out, and each trial window is compared with "
+            "the incumbent window next to it. Default canary."
         ),
+    )
+    switchback: SwitchbackSpec = Field(
+        default_factory=SwitchbackSpec,
+        json_schema_extra={"default": {}},
+        description="inPlace strategy: the switchback's wash-out. Default {} (washout 1m).",
     )
     canary_replicas: int = Field(
         1,

@@ -200,6 +200,23 @@ class Trial(ApiModel):
         ge=0,
         description="Windows whose load ratio is within 15 % of 1 (judged as matched pairs).",
     )
+    switchback: bool | None = Field(
+        None,
+        description=(
+            "True for an inPlace trial: a switchback on the target itself, each window an "
+            "A/B pair (a stretch of the trial arm, then one of the incumbent, each after a "
+            "restart and a wash-out). Absent for a canary trial."
+        ),
+    )
+    restarts: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "Restarts of the target this switchback trial caused so far: two per A/B pair "
+            "(into the trial arm, back into the incumbent), one more for a rollback from the "
+            "trial arm. Absent for a canary trial."
+        ),
+    )
     reason: str = Field("", max_length=1024, description="Why the trial ended as it did.")
 
 

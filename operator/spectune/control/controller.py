@@ -97,8 +97,8 @@ class ControllerConfig:
     """A model-version change re-opens the search; False only records the new version."""
     shared_traffic: bool = True
     """Trials run on canary pods beside the incumbent (the service's load is both groups);
-    False for in-place trials, whose incumbent figures are an earlier window of the same
-    pods."""
+    False for in-place trials (a switchback), whose incumbent figures are the window of the
+    same pods on the incumbent next to the trial's."""
     assumed_draft_cost: float = ASSUMED_DRAFT_COST
     """Draft cost c the policy assumes until one is measured (``SPECTUNE_DRAFT_COST``)."""
     verify_windows: int = 2
@@ -206,6 +206,11 @@ class Controller:
         counters span (``Observation.covered``; None when the source read it whole)."""
         start = self.clock.now()
         groups = await self.metrics.observe(self.config.window_s)
+        if not self.config.shared_traffic:
+            # An in-place trial window is a switchback pair (k8s/inplace.py): each arm ran
+            # window_s, one after the other, with a restart and a wash-out between. The
+            # record spans window_s, so its loads (requests per second) read per stretch.
+            start = max(start, self.clock.now() - self.config.window_s)
         stats = {g: window_stats(o, self.objective) for g, o in groups.items()}
         return start, stats, {g: o.covered for g, o in groups.items()}
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -80,17 +80,25 @@ class Memory:
     history: History
     state: ControllerState
     original: str | None = None
+    restarts: Mapping[float, int] = field(default_factory=dict)
+    """Restarts of the target each in-place (switchback) trial caused, by the trial's start
+    (``TrialRecord.started_s``); a trial absent here ran on a canary."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON kept in ``status.history``."""
         state = {k: _finite(v) for k, v in asdict(self.state).items()}
         state["phase"] = self.state.phase.value
-        return {
+        kept = {t.started_s for t in self.history.trials}
+        doc: dict[str, Any] = {
             "version": MEMORY_VERSION,
             "history": self.history.to_json(),
             "state": state,
             "original": self.original,
         }
+        restarts = [[at, n] for at, n in sorted(self.restarts.items()) if at in kept]
+        if restarts:
+            doc["restarts"] = restarts
+        return doc
 
 
 def load_memory(doc: Mapping[str, Any] | None) -> Memory:
@@ -112,10 +120,12 @@ def load_memory(doc: Mapping[str, Any] | None) -> Memory:
         else:
             values[f.name] = None if v is None else float(v)
     original = doc.get("original")
+    restarts = {float(at): int(n) for at, n in doc.get("restarts") or []}
     return Memory(
         History.from_json(doc.get("history") or {}),
         ControllerState(**values),
         None if original is None else str(original),
+        restarts,
     )
 
 
@@ -163,11 +173,12 @@ def _mean(values: Iterable[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def trials_of(history: History) -> tuple[Trial, ...]:
-    """The latest trials (at most :data:`MAX_TRIALS_IN_STATUS`), oldest first."""
+def trials_of(history: History, restarts: Mapping[float, int] | None = None) -> tuple[Trial, ...]:
+    """The latest trials (at most :data:`MAX_TRIALS_IN_STATUS`), oldest first; ``restarts``
+    names the switchback trials (``Memory.restarts``)."""
     out = []
     for t in history.trials[-MAX_TRIALS_IN_STATUS:]:
-        out.append(_trial(t))
+        out.append(_trial(t, (restarts or {}).get(t.started_s)))
     return tuple(out)
 
 
@@ -179,7 +190,7 @@ def _per_pod_rate(w: WindowRecord, stats: WindowStats | None) -> float:
     return stats.requests / stats.pods / span
 
 
-def _trial(t: TrialRecord) -> Trial:
+def _trial(t: TrialRecord, restarts: int | None = None) -> Trial:
     ws = t.windows
     can = _mean(w.canary.objective for w in ws if w.canary is not None)
     inc = _mean(w.incumbent.objective for w in ws if w.incumbent is not None)
@@ -198,6 +209,8 @@ def _trial(t: TrialRecord) -> Trial:
         incumbent_batch=_mean(w.incumbent.running for w in ws if w.incumbent is not None),
         load_ratio=_mean(ratios),
         matched_windows=sum(1 for w in ws if w.matched) if ws else None,
+        switchback=True if restarts is not None else None,
+        restarts=restarts,
         reason=t.reason[:1024],
     )
 
@@ -360,7 +373,7 @@ def build_status(previous: SpecTuningStatus, x: StatusInputs) -> dict[str, Any]:
     if x.findings is not None:
         updates["diagnosis"] = x.findings[:16]
     if x.memory is not None:
-        updates["trials"] = trials_of(x.memory.history)
+        updates["trials"] = trials_of(x.memory.history, x.memory.restarts)
         updates["history"] = x.memory.to_json()
     if x.model_version is not None:
         updates["observed_model_version"] = x.model_version

@@ -19,8 +19,9 @@ Each turn of the loop re-reads the (live) spec and does one thing:
   when it exists again (the search re-opens if it came back on another setting).
 
 Strategies: ``canary`` (``k8s/actuator.py``) clones the target per trial; ``inPlace``
-(``k8s/inplace.py``) patches the target itself, one trial at a time, and compares each trial
-window with the incumbent's most recent window at a similar load. Metrics come from
+(``k8s/inplace.py``) runs a switchback on the target itself, one trial at a time: the target
+alternates between the trial arm and the incumbent, and each trial window is an A/B pair
+(restarts counted per trial in the status, a ``Switchback`` event each). Metrics come from
 Prometheus (authenticated from ``authSecretRef`` when set) or from the pods' own metrics
 pages (``metrics.scrape``), see ``k8s/sources.py``. A ``retune.trafficMix`` query turns
 route changes into a re-opened search (``k8s/routes.py``), with a ``RouteChange`` event.
@@ -67,6 +68,7 @@ from spectune.control.controller import Controller, Event
 from spectune.control.groups import PairedSources, WindowedSource
 from spectune.control.ports import Deployment, Group, GroupMetrics, Placement
 from spectune.diagnose import diagnose
+from spectune.durations import parse_duration
 from spectune.errors import (
     InputError,
     NoDataError,
@@ -97,7 +99,7 @@ from spectune.k8s.deployments import (
     remote_code_refusal,
     spec_config_for,
 )
-from spectune.k8s.inplace import ANNOTATION_TRIAL, InPlaceActuator, InPlaceMetrics
+from spectune.k8s.inplace import ANNOTATION_TRIAL, InPlaceActuator, Stretch, SwitchbackMetrics
 from spectune.k8s.placement import Hold, scaling_of
 from spectune.k8s.projection import (
     ConditionUpdate,
@@ -500,6 +502,8 @@ class TuningLoop:
         self._rebuild = False
         self._owed: _TrackingActuator | None = None
         """A restore not finished when the loop stopped tuning: reconciled at every look."""
+        self._restarts: dict[float, int] = {}
+        """Restarts of the target each in-place (switchback) trial caused, by its start."""
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -964,7 +968,7 @@ class TuningLoop:
         b = self._built
         if b is None:
             return None
-        return Memory(b.controller.history, b.controller.state, b.original)
+        return Memory(b.controller.history, b.controller.state, b.original, self._restarts)
 
     # -- auto mode ------------------------------------------------------------------------------
 
@@ -1092,6 +1096,7 @@ class TuningLoop:
             )
         else:
             memory = load_memory(self._status.history)
+            self._restarts = dict(memory.restarts)
         holder: list[Controller] = []
         mix = spec.retune.traffic_mix
         routes = None
@@ -1151,22 +1156,30 @@ class TuningLoop:
                 trial = dep.canary.name if dep.canary is not None and dep.canary_ready else None
                 return dep.incumbent.name, trial
 
-            past = None
-            if prom_source is not None:
-                src = prom_source
+            def restarted(trial: str, to: str, stretch: Stretch) -> None:
+                running = holder[0]._running() if holder else None
+                count = ""
+                if running is not None and running.arm == trial:
+                    n = self._restarts.get(running.started_s, 0) + 1
+                    self._restarts[running.started_s] = n
+                    count = f" (restart {n} of this trial)"
+                side = "B, the trial arm" if stretch is Stretch.TRIAL else "A, the incumbent"
+                self._emit(
+                    "Normal",
+                    "Switchback",
+                    f"switchback of {trial}: the target restarts onto {to} ({side}){count}",
+                )
 
-                async def past(window_s: float, end_s: float) -> Observation:
-                    return await src.observe(window_s, at=end_s)
-
-            inner_metrics = InPlaceMetrics(
+            inner.on_restart = restarted
+            inner_metrics = SwitchbackMetrics(
                 incumbent,
+                inner,
                 arms,
-                lambda: holder[0].history,
-                self._clock.now,
-                self._clock.sleep,
+                window_sleep,
                 waits,
-                past,
-                cfg.load_shift,
+                s.scaled(parse_duration(spec.search.switchback.washout, "washout")),
+                cfg.poll_s,
+                cfg.ready_timeout_s,
             )
         else:
             inner_metrics = PairedSources(incumbent, canary, window_sleep, waits=waits)
@@ -1311,7 +1324,7 @@ class TuningLoop:
                 generation=gen,
                 now=_now(),
                 conditions=tuple(conditions),
-                memory=Memory(c.history, c.state, b.original),
+                memory=Memory(c.history, c.state, b.original, self._restarts),
                 applied=applied,
                 fingerprint=self._fingerprint(spec, applied),
                 decision=c.last_decision,

@@ -115,9 +115,10 @@ def test_in_place_strategy_tunes_the_target_itself(
     start_operator: Callable[..., OperatorProcess],
 ) -> None:
     """``strategy: inPlace``: no canary is ever created; each trial patches the target (its
-    args carry the trial's arm and the ``spectune.io/trial`` annotation says so), trial
-    windows are compared with the incumbent's earlier windows, and the search converges with
-    the winner in the target's args and no trial annotation left."""
+    args carry the trial's arm and the ``spectune.io/trial`` annotation says so), each trial
+    window is a switchback pair of the target on the trial arm and back on the incumbent,
+    and the search converges with the winner in the target's args and no trial annotation
+    left."""
     env = Env(cluster, namespace)
     env.create_target(["serve", MODEL])
     sims = sim_pods(namespace)

@@ -7,7 +7,8 @@ asserted is what ``kubectl`` shows: the pods (watched, Ready and not terminating
 Deployments' replica counts and annotations, the SpecTuning's trials and conditions. Every
 way a trial can stop early (a SIGKILLed operator, a deleted SpecTuning, ``suspend: true``,
 someone else scaling the target) leaves the target at its own count; where replace cannot
-hold (an HPA on the target, one replica) the canary runs beside with the reason said.
+hold (an HPA on the target, one replica) the canary runs beside with the reason said; on one
+replica ``strategy: inPlace`` is a switchback on the target itself (A/B/A/B in its spec).
 
 The operator runs with ``SPECTUNE_TIME_SCALE=30`` and kwok pods with a simulator each
 (``tests/fixtures/simpods.py``): a 5 m window is 10 s of wall time.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,7 @@ from tests.integration.operator.helpers import (
     MODEL,
     TARGET,
     Env,
+    arm_of,
     deployment,
     diagnostics,
     spectuning,
@@ -515,3 +518,116 @@ def test_one_replica_runs_the_canary_beside_with_the_reason(
     assert "1/2 of the target's load" in cond["message"], cond
     d = env.target()
     assert d.spec.replicas == 1 and BEFORE not in (d.metadata.annotations or {})
+
+
+class ArmWatch:
+    """Looks every 0.2 s at the target's spec: the arm its pod template runs after every
+    change (what ``kubectl get deploy -o yaml`` shows), when each change was seen, and when
+    each rollout was first seen Ready (one pod, updated and available), in a thread."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.changes: list[tuple[float, str]] = []
+        self.ready: list[tuple[float, str]] = []
+        self.replicas: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> ArmWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def arms(self) -> list[str]:
+        return [arm for _, arm in self.changes]
+
+    def _loop(self) -> None:
+        ready_gen: int | None = None
+        while not self._stop.is_set():
+            try:
+                d = self.env.target()
+                now = time.time()
+                arm = arm_of([str(a) for a in d.spec.template.spec.containers[0].args])
+                if not self.changes or self.changes[-1][1] != arm:
+                    self.changes.append((now, arm))
+                s = d.status
+                self.replicas.add(int(d.spec.replicas))
+                ready = (
+                    s.observed_generation == d.metadata.generation
+                    and s.updated_replicas == 1
+                    and s.available_replicas == 1
+                    and (s.replicas or 0) == 1
+                )
+                if ready and ready_gen != d.metadata.generation:
+                    ready_gen = d.metadata.generation
+                    self.ready.append((now, arm))
+            except Exception:  # a passing API error: look again
+                pass
+            self._stop.wait(0.2)
+
+
+def test_in_place_on_one_replica_is_a_switchback_with_a_washout_after_each_restart(
+    cluster: Cluster,
+    namespace: str,
+    prometheus: Prometheus,
+    sim_pods: Callable[..., SimPods],
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    """N = 1, ``strategy: inPlace``: the trial runs on the target itself, which alternates
+    between the incumbent A and the trial arm B (A/B/A/B/A in the Deployment's spec, two
+    restarts per pair), no window is measured within the wash-out after a restart, each
+    judged window pairs B with the A stretch after it, and the trial ends with the target
+    on an arm at 1 replica and no canary ever created."""
+    env = Env(cluster, namespace)
+    env.create_target(["serve", MODEL])
+    sims = sim_pods(namespace)
+    op = start_operator(namespace)
+    why = diagnostics(env, op, sims)
+    window_s, washout_s = 300 / 30, 180 / 30  # 5m and 3m at SPECTUNE_TIME_SCALE=30
+    # One trial, and more drafts than three windows hold: it measures three pairs.
+    search = {"window": "5m", "maxTrials": 1, "minDrafts": 10**9, "strategy": "inPlace",
+              "switchback": {"washout": "3m"}}  # fmt: skip
+    with ArmWatch(env) as watch:
+        env.create_spt(spectuning(prometheus.url, search=search))
+
+        def ended() -> dict[str, Any] | None:
+            trials = env.trials()
+            return trials[0] if trials and trials[0]["outcome"] != "running" else None
+
+        trial = wait_for(ended, timeout=420, interval=1.0, message=lambda: f"the trial; {why()}")
+        wait_for(env.target_ready, timeout=60, message=lambda: f"the target ready; {why()}")
+        time.sleep(1.0)  # the watch's last look
+    b = trial["arm"]
+    assert trial["outcome"] == "measured" and trial["windows"] == 3, trial
+    assert watch.arms()[:7] == ["off", b, "off", b, "off", b, "off"], watch.changes
+    assert trial["switchback"] is True and trial["restarts"] == 6, trial  # 2 per pair
+    assert not env.canaries() and watch.replicas == {1}, watch.replicas
+    d = env.target()
+    notes = d.metadata.annotations or {}
+    assert d.spec.replicas == 1 and not {"spectune.io/trial", "spectune.io/switchback"} & set(
+        notes
+    ), notes
+    assert arm_of(env.target_args()) in ("off", b)
+    assert arm_of(env.target_args()) == env.status()["applied"]["arm"]
+
+    # Wash-out: every measured stretch starts at least washout_s after its rollout was seen
+    # Ready (the watch sees it up to a look late; the operator, up to a poll late). The A
+    # stretch of each pair is the recorded window; the B stretch ends when the target is
+    # switched back to A.
+    slack = 1.0
+    record = env.status()["history"]["history"]["trials"][0]
+    to_a = [at for at, arm in watch.changes[2:] if arm == "off"]
+    for j, w in enumerate(record["windows"]):
+        start, end = float(w["start_s"]), float(w["end_s"])
+        assert abs(end - start - window_s) < 0.01, w
+        ready_a = max(at for at, arm in watch.ready if arm == "off" and at <= start)
+        assert start >= ready_a + washout_s - slack, (j, start, ready_a, watch.ready)
+        b_end = to_a[j]
+        ready_b = max(at for at, arm in watch.ready if arm == b and at <= b_end)
+        assert b_end - window_s >= ready_b + washout_s - slack, (j, b_end, ready_b)
+        assert w["canary"] and w["incumbent"], w  # B paired with its A stretch
+    assert "Switchback" in env.reasons()
+    assert op.process.poll() is None

@@ -476,6 +476,34 @@ def test_in_place_trials_count_the_traffic_once() -> None:
     assert retunes(shared=True) == 1  # what counting both sides would have done
 
 
+@dataclass
+class FakeSwitchbackFleet(FakeFleet):
+    """A fake in-place fleet whose trial window is a switchback pair: the trial arm's stretch,
+    then a restart onto the incumbent and a wash-out, then the incumbent's stretch."""
+
+    washout_s: float = 60.0
+
+    async def observe(self, window_s: float) -> dict[Group, Observation]:
+        out = await super().observe(window_s)
+        if Group.CANARY in out:
+            await self.clock.sleep(self.restart_s + self.washout_s + window_s)
+        return out
+
+
+def test_a_switchback_pair_is_recorded_over_one_window_so_its_load_reads_per_stretch() -> None:
+    # A pair takes two windows, a restart and a wash-out; each arm served window_s of it.
+    # Read over the whole pair, the trial's requests per second would look a third of the
+    # load the target had alone, and re-open the search for a load that never moved.
+    clock = FakeClock()
+    fleet = FakeSwitchbackFleet(WORLD, clock, parse_arm("eagle3/8"), in_place=True)
+    c, events = make(fleet, clock, shared_traffic=False)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING or c.history.epoch > 0)
+    windows = [w for t in c.history.trials for w in t.windows]
+    assert windows and all(w.end_s - w.start_s == 300 for w in windows)
+    assert all(w.matched for w in windows if w.canary and w.incumbent)
+    assert not [e for e in events if e.reason == "Retune"]
+
+
 def test_while_monitoring_a_load_move_reopens_after_two_windows_or_at_once() -> None:
     def windows_to_retune(load: float, queue_s: float = 0.01) -> tuple[int | None, str]:
         clock = FakeClock()

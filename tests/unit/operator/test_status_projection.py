@@ -108,6 +108,21 @@ def test_a_trial_shows_the_per_pod_load_of_both_groups_and_their_ratio() -> None
     assert "loadRatio" not in running and "matchedWindows" not in running
 
 
+def test_a_switchback_trial_says_so_and_counts_its_restarts_across_a_restart() -> None:
+    """An in-place trial's restarts (two per A/B pair) are kept with the memory; a trial
+    that ran on a canary shows neither field."""
+    memory = Memory(_history(), ControllerState(), "off", {120.0: 3, 999.0: 7})
+    doc = build_status(
+        SpecTuningStatus(),
+        StatusInputs(phase=Phase.EXPLORING, generation=1, now=T0, memory=memory),
+    )
+    canary, switchback = doc["trials"]
+    assert "switchback" not in canary and "restarts" not in canary
+    assert switchback["switchback"] is True and switchback["restarts"] == 3
+    back = load_memory(parse_status(doc).history)
+    assert back.restarts == {120.0: 3}, "a trial no longer in the history is forgotten"
+
+
 def test_acceptance_from_per_position_counts() -> None:
     acc = acceptance_of(_stats(0.02, k=3, drafts=1000, per_pos=(800, 600, 400)), 10.0)
     assert acc is not None
