@@ -302,7 +302,7 @@ def _missing_families(obs: Observation) -> None:
 def _spec_names(cat: Catalogue) -> list[str]:
     names = [
         cat.drafts, cat.draft_tokens, cat.accepted_tokens, cat.accepted_per_pos,
-        cat.accept_length_gauge, cat.verify_calls,
+        cat.accept_length_gauge, cat.acceptance_rate_gauge, cat.verify_calls,
     ]  # fmt: skip
     return [n for n in names if n is not None]
 

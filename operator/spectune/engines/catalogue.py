@@ -364,6 +364,8 @@ def _vllm_identity(names: set[str], labels: set[str]) -> PageIdentity:
         "vllm:spec_decode_num_emitted_tokens_total",
         "vllm:num_requests_swapped",
         "vllm:cpu_cache_usage_perc",
+        # best_of left with V0 (V1 never took the parameter).
+        "vllm:request_params_best_of_bucket",
     }
     v1_only = {
         "vllm:kv_cache_usage_perc",

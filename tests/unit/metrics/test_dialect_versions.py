@@ -163,3 +163,19 @@ def test_the_name_prefix_tells_the_engine(
 def test_a_bare_histogram_of_another_program_is_not_tensorrt_llm() -> None:
     with pytest.raises(InputError, match="not from a serving engine"):
         identify_page({"e2e_request_latency_seconds_bucket"}, {"le"})
+
+
+def test_older_sglang_reads_its_time_per_output_token_histogram() -> None:
+    page = """\
+sglang:num_running_reqs{model_name="m"} 2
+sglang:spec_accept_length{model_name="m"} 2.5
+sglang:spec_accept_rate{model_name="m"} 0.5
+sglang:time_per_output_token_seconds_bucket{model_name="m",le="0.02"} 30
+sglang:time_per_output_token_seconds_bucket{model_name="m",le="+Inf"} 40
+sglang:time_per_output_token_seconds_sum{model_name="m"} 0.8
+sglang:time_per_output_token_seconds_count{model_name="m"} 40
+"""
+    obs = one(page)
+    assert obs.tpot_family == "sglang:time_per_output_token_seconds"
+    assert obs.tpot is not None and obs.tpot.mean == pytest.approx(0.02)  # per token already
+    assert any("time_per_output_token_seconds" in n for n in obs.notes)

@@ -121,3 +121,9 @@ def test_sglang_counters_that_cannot_be_one_drafter_fall_back_to_the_gauges(
     assert doc["acceptance"]["mean_accepted_length"] == pytest.approx(2.5)
     assert doc["current"]["k"] == 9  # spec_num_draft_tokens 10 = the root + 9 drafts
     assert any("450.00, above the 10 tokens a pass verifies" in n for n in doc["notes"])
+
+
+def test_a_v0_page_is_v0_by_a_family_only_v0_had(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refusal("vllm-8819-v0-0.6.prom", capsys)
+    assert "vLLM V0 engine" in err and "not from a serving engine" not in err
+    assert "vllm:spec_decode_draft_acceptance_rate" in err and "--disable-log-stats" in err
