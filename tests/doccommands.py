@@ -160,6 +160,9 @@ COVERAGE: dict[str, Coverage] = {
     "--baseline-before off0.prom --baseline-after off1.prom --window 10m": Coverage(
         "unit", _EXACT + ", on the bundled example pages saved under those names"
     ),
+    "spectune diagnose --after pod0.prom": Coverage(
+        "unit", _EXACT + ", on a public page saved under that name (tests/fixtures/pages)"
+    ),
     "spectune report --example --out report/": Coverage("unit", _EXACT),
     "promtool test rules deploy/alerts/spectune-rules.test.yaml": Coverage("unit", _EXACT),
     "python -m spectune.run": Coverage(

@@ -13,6 +13,7 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -108,8 +109,20 @@ def _pair(
     window: float | None,
     names: tuple[str, str],
 ) -> Observation:
-    if not before or not after:
-        raise InputError(f"give both {names[0]} and {names[1]} pages")
+    if not after:
+        raise InputError(
+            f"give {names[1]} pages (and {names[0]} pages from the start of the window, or "
+            f"none to read each page since its engine started)"
+        )
+    if not before:
+        # One page per pod: every counter counts since the engine started, so the window is
+        # the engine's life. Enough for acceptance; rates per second need --window.
+        obs = observation_from_pages([], _read_pages(after, names[1]), window)
+        note = (
+            f"no {names[0]} pages: each {names[1]} page is read since its engine started "
+            "(counters from zero), so the window is the engines' whole life"
+        )
+        return replace(obs, notes=(note, *obs.notes))
     if len(before) != len(after):
         raise InputError(
             f"{names[0]} has {len(before)} page(s) but {names[1]} has {len(after)}; give one "
@@ -195,11 +208,6 @@ def _observations(args: argparse.Namespace) -> tuple[Observation, Observation | 
 
 def _diagnosis(args: argparse.Namespace) -> Diagnosis:
     obs, baseline = _observations(args)
-    if not obs.speculating:
-        raise InputError(
-            "no speculative-decoding metrics on these pods: speculation is off (use such pages "
-            "as the baseline of a speculating deployment)"
-        )
     return diagnose(obs, baseline, current_k=args.k, draft_cost=args.draft_cost)
 
 

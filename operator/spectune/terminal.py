@@ -76,7 +76,8 @@ def render_diagnosis(console: Console, d: Diagnosis) -> None:
         curve.add_row(str(i + 1), f"{p:.3f}", band, _bar(p))
     drafts = f"{acc.drafts:,.0f} drafts" if acc.drafts is not None else "gauges only"
     summary = Text(
-        f"acceptance rate {acc.rate:.3f} · mean accepted length {acc.mean_accepted_length:.2f} "
+        (f"{d.engine_version}\n" if d.engine_version else "")
+        + f"acceptance rate {acc.rate:.3f} · mean accepted length {acc.mean_accepted_length:.2f} "
         f"tokens/pass · {drafts}"
     )
     c = d.draft_cost

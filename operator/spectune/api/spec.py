@@ -98,9 +98,22 @@ class Method(enum.StrEnum):
     NGRAM = "ngram"
     SUFFIX = "suffix"
     MEDUSA = "medusa"
+    DFLASH = "dflash"
+    DSPARK = "dspark"
+    MLP_SPECULATOR = "mlp_speculator"
 
 
-MODEL_METHODS = frozenset({Method.EAGLE, Method.EAGLE3, Method.DRAFT_MODEL, Method.MEDUSA})
+MODEL_METHODS = frozenset(
+    {
+        Method.EAGLE,
+        Method.EAGLE3,
+        Method.DRAFT_MODEL,
+        Method.MEDUSA,
+        Method.DFLASH,
+        Method.DSPARK,
+        Method.MLP_SPECULATOR,
+    }
+)
 """Methods that need draft weights (``model``): vLLM refuses them without."""
 NO_MODEL_METHODS = frozenset({Method.NGRAM, Method.SUFFIX})
 """Methods that draft from the text itself and take no ``model``."""
@@ -332,8 +345,8 @@ class Drafter(ApiModel):
         max_length=512,
         description=(
             "Draft weights: a Hugging Face repository or a path in the container. Required for "
-            "eagle, eagle3, draft_model and medusa; optional for mtp (default: the target's "
-            "own MTP heads); not allowed for ngram and suffix."
+            "eagle, eagle3, draft_model, medusa, dflash, dspark and mlp_speculator; optional "
+            "for mtp (default: the target's own MTP heads); not allowed for ngram and suffix."
         ),
     )
     max_k: int = Field(

@@ -56,11 +56,18 @@ from spectune.core._speedup import (
     predict_speedup,
     speedup,
 )
-from spectune.core._tail import AcceptanceSpread, fit_acceptance_spread, tail_ratio
+from spectune.core._tail import (
+    AcceptanceSpread,
+    RequestAcceptance,
+    fit_acceptance_spread,
+    request_acceptance_spread,
+    tail_ratio,
+)
 
 __all__ = [
     "AcceptanceSpread",
     "ConfidenceInterval",
+    "RequestAcceptance",
     "SpeedupTable",
     "acceptance_rate",
     "beta_interval",
@@ -75,6 +82,7 @@ __all__ = [
     "kv_pool_tokens",
     "mean_accepted_length",
     "predict_speedup",
+    "request_acceptance_spread",
     "speedup",
     "survival_from_counts",
     "survival_intervals",

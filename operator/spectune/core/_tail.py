@@ -46,7 +46,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["AcceptanceSpread", "fit_acceptance_spread", "tail_ratio"]
+__all__ = [
+    "AcceptanceSpread",
+    "RequestAcceptance",
+    "fit_acceptance_spread",
+    "request_acceptance_spread",
+    "tail_ratio",
+]
 
 #: Gauss–Legendre nodes and weights on (0, 1) for integrals over a request's acceptance rate.
 _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(96)
@@ -243,3 +249,64 @@ def tail_ratio(spread: AcceptanceSpread, k: int, q: float = 0.95) -> float:
     per_node = 1.0 / _tokens_per_pass(_NODES, spread.decay, k)
     mean_inverse = float(np.sum(weight * per_node) / np.sum(weight))
     return (1.0 / tokens) / mean_inverse
+
+
+@dataclass(frozen=True)
+class RequestAcceptance:
+    """Acceptance across requests as the engine measured it, one rate per finished request.
+
+    Attributes
+    ----------
+    mean : float
+        Mean over requests of a request's acceptance rate (accepted over drafted tokens).
+    sd : float
+        Standard deviation of the rates over requests.
+    concentration : float
+        :math:`s` of the Beta distribution with that mean and spread,
+        :math:`s = m(1-m)/\\sigma^2 - 1`: the quantity :class:`AcceptanceSpread` otherwise
+        fits from survivor bias in the per-position counters.
+    requests : float
+        Number of requests behind it.
+    """
+
+    mean: float
+    sd: float
+    concentration: float
+    requests: float
+
+
+def request_acceptance_spread(
+    bounds: Sequence[float], cumulative: Sequence[float], total: float
+) -> RequestAcceptance | None:
+    r"""Moments of per-request acceptance from a histogram of it (vLLM PR #44487's
+    ``vllm:request_spec_decode_acceptance_rate``).
+
+    The mean is exact (the histogram's ``_sum`` over its count); the variance takes each
+    observation at its bucket's midpoint plus the uniform-within-bucket term
+    :math:`w^2/12`. The concentration follows by the method of moments of a Beta
+    distribution. None with fewer than two requests, or when the spread is zero or as
+    wide as a Beta with that mean allows (every request at 0 or 1).
+
+    Examples
+    --------
+    A hundred requests: ten accept between a quarter and half of their drafts, eighty
+    between half and three quarters, ten more:
+
+    >>> r = request_acceptance_spread((0.25, 0.5, 0.75, 1.0, math.inf), (0, 10, 90, 100, 100), 62.5)
+    >>> round(r.mean, 3), r.requests, round(r.concentration, 1)
+    (0.625, 100.0, 12.2)
+    """
+    cum = np.asarray(cumulative, dtype=float)
+    n = float(cum[-1]) if cum.size else 0.0
+    if n < 2:
+        return None
+    upper = np.minimum(np.asarray(bounds, dtype=float), 1.0)
+    lower = np.concatenate([[0.0], upper[:-1]])
+    counts = np.diff(np.concatenate([[0.0], cum]))
+    mean = total / n
+    mid = (lower + upper) / 2
+    var = float(np.sum(counts * ((mid - mean) ** 2 + (upper - lower) ** 2 / 12)) / n)
+    top = mean * (1 - mean)
+    if not 0 < var < top:
+        return None
+    return RequestAcceptance(mean, math.sqrt(var), top / var - 1, n)

@@ -10,8 +10,10 @@ from spectune.engines.catalogue import (
     VLLM_V1,
     Catalogue,
     Dialect,
+    PageIdentity,
     catalogue_for,
     detect_dialect,
+    identify_page,
 )
 
 __all__ = [
@@ -21,6 +23,8 @@ __all__ = [
     "VLLM_V1",
     "Catalogue",
     "Dialect",
+    "PageIdentity",
     "catalogue_for",
     "detect_dialect",
+    "identify_page",
 ]

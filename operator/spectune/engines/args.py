@@ -39,6 +39,7 @@ from typing import Any
 from spectune.errors import SpecError
 
 __all__ = [
+    "DOCUMENTED_METHODS",
     "ParsedArgs",
     "SpecConfig",
     "parse_sglang_args",
@@ -66,7 +67,27 @@ _FIELD_KEYS = frozenset(
 )
 # vLLM refuses these methods without draft weights ("num_speculative_tokens was provided
 # but without speculative model").
-_NEEDS_MODEL = frozenset({"eagle", "eagle3", "draft_model", "medusa", "mlp_speculator"})
+_NEEDS_MODEL = frozenset(
+    {"eagle", "eagle3", "draft_model", "medusa", "mlp_speculator", "dflash", "dspark"}
+)
+#: The methods vLLM's speculative-decoding docs describe today (``reference/anchors-2026.md``
+#: §1.1), with their own keys beside the common ones; every other key, and any other
+#: method, is kept verbatim in :attr:`SpecConfig.extra`. Parallel drafting (P-EAGLE, PARD)
+#: is a key, ``parallel_drafting``, of eagle/eagle3/draft_model, not a method.
+DOCUMENTED_METHODS: Mapping[str, tuple[str, ...]] = {
+    "eagle": ("parallel_drafting", "disable_padded_drafter_batch", "speculative_token_tree"),
+    "eagle3": ("parallel_drafting", "disable_padded_drafter_batch", "speculative_token_tree"),
+    "mtp": (),
+    "draft_model": ("parallel_drafting", "max_model_len", "quantization"),
+    "ngram": ("prompt_lookup_min", "prompt_lookup_max"),
+    "suffix": (
+        "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+        "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob",
+    ),
+    "dflash": (),
+    "dspark": ("adaptive_verification",),
+    "mlp_speculator": (),
+}  # fmt: skip
 _METHOD_PATTERN = re.compile(r"[a-z][a-z0-9_]*\Z")
 _INT_PATTERN = re.compile(r"[+-]?[0-9]+\Z")
 _NUMBER_PATTERN = re.compile(r"-(?:[0-9]+|[0-9]*\.[0-9]+)\Z")
@@ -749,6 +770,8 @@ _SG_METHODS = {
     "NEXTN": "mtp",
     "STANDALONE": "draft_model",
     "NGRAM": "ngram",
+    # In SGLang's TPU/Pallas args and third-party launch scripts (reference/engines.md §2.1).
+    "DFLASH": "dflash",
 }
 _SG_OLD_ALGORITHMS = {"LOOKAHEAD": "NGRAM"}
 _SG_ALGORITHMS = {method: algorithm for algorithm, method in _SG_METHODS.items()}

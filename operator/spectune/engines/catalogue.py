@@ -25,8 +25,10 @@ __all__ = [
     "VLLM_V1",
     "Catalogue",
     "Dialect",
+    "PageIdentity",
     "catalogue_for",
     "detect_dialect",
+    "identify_page",
 ]
 
 
@@ -98,6 +100,31 @@ class Catalogue:
     engine_label: str | None
     # families whose presence identifies the dialect
     signature: tuple[str, ...]
+    # -- version-dependent and engine-specific families (absent: None / empty) ----------
+    #: KV usage gauge of older versions, read where ``kv_usage`` is absent.
+    kv_usage_fallback: str | None = None
+    #: whether ``tpot_hist`` is observed once per engine step (not per token): with
+    #: speculation one step emits the mean accepted length of tokens, so its values are
+    #: divided by it.
+    tpot_per_step: bool = False
+    #: latency histograms read, in order, where ``tpot_hist`` is absent, each with whether
+    #: it is per step (as ``tpot_per_step``).
+    tpot_fallbacks: tuple[tuple[str, bool], ...] = ()
+    #: counter of verification passes of finished requests (SGLang).
+    verify_calls: str | None = None
+    #: gauges of the active draft depth and tokens per verification (SGLang adaptive tiers).
+    spec_steps_gauge: str | None = None
+    spec_draft_tokens_gauge: str | None = None
+    #: info gauge whose labels are the speculative config (TensorRT-LLM).
+    spec_config_info: str | None = None
+    #: KV capacity as blocks and tokens per block (TensorRT-LLM).
+    kv_max_blocks: str | None = None
+    kv_tokens_per_block: str | None = None
+    #: histogram of per-request acceptance rates over finished requests.
+    request_acceptance_hist: str | None = None
+    #: labels whose series repeat one value (tensor/pipeline/expert-parallel ranks of one
+    #: scheduler): gauges are averaged over them before engines are combined.
+    replica_labels: tuple[str, ...] = ()
 
     def spec_counter_names(self) -> tuple[str, ...]:
         """Names of the speculation counters this dialect exports."""
@@ -139,6 +166,12 @@ VLLM_V1 = Catalogue(
     itl_hist="vllm:inter_token_latency_seconds",
     engine_label="engine",
     signature=("vllm:num_requests_running", "vllm:kv_cache_usage_perc"),
+    kv_usage_fallback="vllm:gpu_cache_usage_perc",
+    tpot_fallbacks=(
+        ("vllm:inter_token_latency_seconds", True),
+        ("vllm:time_per_output_token_seconds", True),
+    ),
+    request_acceptance_hist="vllm:request_spec_decode_acceptance_rate",
 )
 
 VLLM_V0 = Catalogue(
@@ -163,11 +196,12 @@ VLLM_V0 = Catalogue(
     prompt_tokens="vllm:prompt_tokens_total",
     tpot_hist="vllm:time_per_output_token_seconds",
     ttft_hist="vllm:time_to_first_token_seconds",
-    queue_hist=None,
+    queue_hist="vllm:request_queue_time_seconds",
     e2e_hist="vllm:e2e_request_latency_seconds",
     itl_hist=None,
     engine_label=None,
     signature=("vllm:num_requests_running", "vllm:gpu_cache_usage_perc"),
+    tpot_per_step=True,
 )
 
 SGLANG = Catalogue(
@@ -195,8 +229,13 @@ SGLANG = Catalogue(
     queue_hist="sglang:queue_time_seconds",
     e2e_hist="sglang:e2e_request_latency_seconds",
     itl_hist="sglang:inter_token_latency_seconds",
-    engine_label="tp_rank",
+    engine_label="dp_rank",
     signature=("sglang:num_running_reqs",),
+    tpot_fallbacks=(("sglang:time_per_output_token_seconds", False),),
+    verify_calls="sglang:spec_verify_calls_total",
+    spec_steps_gauge="sglang:spec_num_steps",
+    spec_draft_tokens_gauge="sglang:spec_num_draft_tokens",
+    replica_labels=("tp_rank", "pp_rank", "moe_ep_rank", "attn_cp_rank"),
 )
 
 TRTLLM = Catalogue(
@@ -226,6 +265,9 @@ TRTLLM = Catalogue(
     itl_hist=None,
     engine_label=None,
     signature=("trtllm_num_requests_running",),
+    spec_config_info="trtllm_speculative_config_info",
+    kv_max_blocks="trtllm_kv_cache_max_blocks",
+    kv_tokens_per_block="trtllm_kv_cache_tokens_per_block",
 )
 
 _BY_DIALECT = {c.dialect: c for c in (VLLM_V1, VLLM_V0, SGLANG, TRTLLM)}
@@ -245,28 +287,220 @@ def catalogue_for(dialect: Dialect | str) -> Catalogue:
     raise InputError(f"unknown engine dialect {dialect!r}; valid dialects: {valid}")
 
 
-def detect_dialect(family_names: Iterable[str]) -> Dialect:
-    """Tell the dialect of a page from the names of the metric families it holds.
+@dataclass(frozen=True)
+class PageIdentity:
+    """Which engine a page comes from, which version range its families place it in, and
+    how its names were spelled.
 
-    V1 and V0 vLLM share most names; V0 is recognised by its KV gauge
-    ``vllm:gpu_cache_usage_perc`` without the V1 ``vllm:kv_cache_usage_perc``, or by its
-    legacy acceptance gauge. Raises :class:`~spectune.errors.InputError` when the page is
-    not from a serving engine spectune knows.
+    ``version`` is inferred from the families the page holds (each engine added and renamed
+    families at known releases, ``reference/engines.md`` §1.1–§1.4, §2.2, §3); it is a
+    range, stated with the evidence, never a claim read from the page. ``naming`` is None
+    for the engine's own spelling, otherwise the spelling the page used (``sglang_`` when
+    a router or pipeline rewrote ``:``; ``trtllm:`` or no prefix for TensorRT-LLM behind
+    Dynamo or ``trtllm-serve``'s ``/prometheus/metrics``); the parser renames such pages'
+    samples to the catalogue's names.
     """
-    names = set(family_names)
+
+    dialect: Dialect
+    version: str
+    naming: str | None = None
+
+    def canonical(self, name: str) -> str:
+        """The catalogue's spelling of a sample name of this page."""
+        if self.naming is None:
+            return name
+        if self.naming in ("sglang_", "vllm_"):
+            engine = self.naming[:-1]
+            return engine + ":" + name[len(self.naming) :] if name.startswith(self.naming) else name
+        if self.naming == "trtllm:":
+            return "trtllm_" + name[len("trtllm:") :] if name.startswith("trtllm:") else name
+        if self.naming == "unprefixed" and ":" not in name and not name.startswith(_FOREIGN):
+            return "trtllm_" + name
+        return name
+
+
+#: Families of TensorRT-LLM without their ``trtllm_`` prefix (what ``trtllm-serve`` exposed
+#: on ``/prometheus/metrics`` before the prefix, e.g. vllm-project/aibrix#2004).
+_TRTLLM_BARE = frozenset(
+    {
+        "num_requests_running", "num_requests_waiting", "kv_cache_utilization",
+        "kv_cache_max_blocks", "kv_cache_free_blocks", "kv_cache_used_blocks",
+        "kv_cache_tokens_per_block", "iteration_latency_seconds",
+        "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+        "spec_decode_acceptance_length", "spec_decode_draft_overhead",
+        "spec_decode_drafted_tokens", "spec_decode_accepted_tokens", "speculative_config_info",
+        "e2e_request_latency_seconds", "time_to_first_token_seconds",
+        "time_per_output_token_seconds", "request_queue_time_seconds", "request_success",
+    }
+)  # fmt: skip
+#: Name prefixes of process and runtime collectors, never engine families.
+_FOREIGN = ("python_", "process_", "go_", "http_", "nv_", "dynamo_")
+
+
+def _strip(name: str) -> str:
+    for suffix in ("_total", "_bucket", "_count", "_sum", "_created"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _versions(lo: tuple[int, ...] | None, hi: tuple[int, ...] | None) -> str:
+    def v(t: tuple[int, ...]) -> str:
+        return ".".join(str(x) for x in t)
+
+    if lo and hi:
+        return f"{v(lo)} to before {v(hi)}" if lo < hi else f"about {v(lo)} (mixed families)"
+    if lo:
+        return f"{v(lo)} or later"
+    if hi:
+        return f"before {v(hi)}"
+    return "version not told by the page"
+
+
+def _vllm_identity(names: set[str], labels: set[str]) -> PageIdentity:
+    v0_only = {
+        "vllm:spec_decode_draft_acceptance_rate",
+        "vllm:spec_decode_efficiency",
+        "vllm:spec_decode_num_emitted_tokens_total",
+        "vllm:num_requests_swapped",
+        "vllm:cpu_cache_usage_perc",
+        # best_of left with V0 (V1 never took the parameter).
+        "vllm:request_params_best_of_bucket",
+    }
+    v1_only = {
+        "vllm:kv_cache_usage_perc",
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:request_time_per_output_token_seconds_bucket",
+    }
+    if names & v0_only and not names & v1_only and "engine" not in labels:
+        return PageIdentity(Dialect.VLLM_V0, "vLLM V0 engine (0.10 or earlier)")
+    # Each family bounds the version: added in (lo) or gone from (hi) a release.
+    lo: tuple[int, ...] | None = None
+    hi: tuple[int, ...] | None = None
+    why: list[str] = []
+
+    def at_least(v: tuple[int, ...], reason: str) -> None:
+        nonlocal lo
+        if lo is None or v > lo:
+            lo = v
+        why.append(reason)
+
+    def before(v: tuple[int, ...], reason: str) -> None:
+        nonlocal hi
+        if hi is None or v < hi:
+            hi = v
+        why.append(reason)
+
+    spec = {
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+    }
+    if VLLM_V1.accepted_per_pos in names or VLLM_V1.drafts in names:
+        at_least((0, 8, 5), "num_drafts and per-position counters (vllm#16665)")
+    elif names & spec:
+        before((0, 8, 5), "draft/accepted counters without num_drafts (vllm#15151)")
+        at_least((0, 8, 3), "V1 spec counters (vllm#15151)")
+    if "vllm:kv_cache_usage_perc" in names:
+        at_least((0, 9), "kv_cache_usage_perc")
+    elif "vllm:gpu_cache_usage_perc" in names:
+        before((0, 9), "gpu_cache_usage_perc without kv_cache_usage_perc")
+    if "vllm:inter_token_latency_seconds_bucket" in names:
+        at_least((0, 11), "inter_token_latency_seconds")
+    elif "vllm:time_per_output_token_seconds_bucket" in names:
+        before((0, 11), "time_per_output_token_seconds without inter_token_latency_seconds")
+    if "vllm:gpu_cache_usage_perc" in names and "vllm:kv_cache_usage_perc" in names:
+        before((0, 11), "the deprecated gpu_cache_usage_perc beside kv_cache_usage_perc")
+    if VLLM_V1.request_acceptance_hist is not None and (
+        VLLM_V1.request_acceptance_hist + "_bucket" in names
+    ):
+        why.append("per-request acceptance histogram (vllm#44487)")
+    version = f"vLLM V1 engine, {_versions(lo, hi)}"
+    if why:
+        version += " (" + "; ".join(why) + ")"
+    return PageIdentity(Dialect.VLLM_V1, version)
+
+
+def _sglang_identity(names: set[str], labels: set[str], naming: str | None) -> PageIdentity:
+    why: list[str] = []
+    if "sglang:spec_verify_calls_total" in names:
+        why.append("spec_verify_calls_total: 2026 releases")
+    if "sglang:spec_num_steps" in names or "sglang:spec_num_draft_tokens" in names:
+        why.append("active-tier gauges of adaptive speculation (sglang#21599, 2026)")
+    if "tp_rank" in labels:
+        why.append(
+            "per-rank labels tp_rank/pp_rank (seen from 0.5.1; sglang#4444's 2025-03 page has none)"
+        )
+    if "name" in labels and "model_name" not in labels:
+        why.append("label 'name' instead of 'model_name' (0.3.x, 2024)")
+    if "sglang:time_per_output_token_seconds_bucket" in names:
+        why.append("time_per_output_token_seconds (older releases)")
+    version = "SGLang" + (" (" + "; ".join(why) + ")" if why else ", version not told by the page")
+    return PageIdentity(Dialect.SGLANG, version, naming)
+
+
+def _trtllm_identity(names: set[str], naming: str | None) -> PageIdentity:
+    if names & {
+        "trtllm_spec_decode_num_draft_tokens_total",
+        "trtllm_spec_decode_acceptance_length",
+    }:
+        version = "TensorRT-LLM, 2026 metrics collector (spec_decode families)"
+    else:
+        version = (
+            "TensorRT-LLM, no spec_decode families (a release before its 2026 collector, "
+            "or speculation off)"
+        )
+    return PageIdentity(Dialect.TRTLLM, version, naming)
+
+
+def identify_page(family_names: Iterable[str], label_names: Iterable[str] = ()) -> PageIdentity:
+    """Tell the engine, version range and spelling of a page from its names and labels.
+
+    Detection falls back on the name prefix: any ``vllm:`` series makes a vLLM page (V0
+    only when it holds V0-only families and nothing V1 has), any ``sglang:`` or
+    ``sglang_`` series an SGLang page, any ``trtllm_``/``trtllm:`` series a TensorRT-LLM
+    one, and unprefixed TensorRT-LLM family names with its ``engine_type`` label an
+    unprefixed TensorRT-LLM page. Whether the page then holds what a window needs is the
+    reader's question, answered with the missing names. Raises
+    :class:`~spectune.errors.InputError` when no engine's names are on the page.
+    """
+    raw = set(family_names)
+    labels = set(label_names)
     # prometheus_client's parser strips _total from counter family names; accept both.
-    names |= {n + "_total" for n in names}
-    if "vllm:kv_cache_usage_perc" in names or VLLM_V1.accepted_per_pos in names:
-        return Dialect.VLLM_V1
-    if "vllm:spec_decode_draft_acceptance_rate" in names or "vllm:gpu_cache_usage_perc" in names:
-        return Dialect.VLLM_V0
-    if "vllm:num_requests_running" in names:
-        return Dialect.VLLM_V1
-    if any(n.startswith("sglang:") for n in names):
-        return Dialect.SGLANG
-    if any(n.startswith("trtllm_") for n in names):
-        return Dialect.TRTLLM
+    raw |= {n + "_total" for n in raw}
+    if any(n.startswith("vllm:") for n in raw):
+        return _vllm_identity(raw, labels)
+    if any(n.startswith("vllm_") for n in raw) and not any(":" in n for n in raw):
+        ident = _vllm_identity(
+            {"vllm:" + n[5:] if n.startswith("vllm_") else n for n in raw}, labels
+        )
+        return PageIdentity(ident.dialect, ident.version, "vllm_")
+    if any(n.startswith("sglang:") for n in raw):
+        return _sglang_identity(raw, labels, None)
+    if any(n.startswith("sglang_") for n in raw):
+        renamed = {"sglang:" + n[7:] if n.startswith("sglang_") else n for n in raw}
+        return _sglang_identity(renamed, labels, "sglang_")
+    if any(n.startswith("trtllm_") for n in raw):
+        return _trtllm_identity(raw, None)
+    if any(n.startswith("trtllm:") for n in raw):
+        return _trtllm_identity(
+            {"trtllm_" + n[7:] if n.startswith("trtllm:") else n for n in raw}, "trtllm:"
+        )
+    bare = {_strip(n) for n in raw if ":" not in n}
+    if bare & _TRTLLM_BARE and (
+        "engine_type" in labels
+        or bare
+        & {"kv_cache_utilization", "spec_decode_acceptance_length", "iteration_latency_seconds"}
+    ):
+        return _trtllm_identity({"trtllm_" + n for n in raw if ":" not in n}, "unprefixed")
     raise InputError(
-        "this page is not from a serving engine spectune knows (no vllm:, sglang: or trtllm_ "
-        "metrics); point spectune at the engine's /metrics endpoint"
+        "this page is not from a serving engine spectune knows (no vllm:, sglang:/sglang_ or "
+        "trtllm_/trtllm: series, nor TensorRT-LLM's unprefixed families); point spectune at "
+        "the engine's /metrics endpoint"
     )
+
+
+def detect_dialect(family_names: Iterable[str], label_names: Iterable[str] = ()) -> Dialect:
+    """The dialect of a page from its family names (see :func:`identify_page`)."""
+    return identify_page(family_names, label_names).dialect

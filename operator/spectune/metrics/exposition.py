@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from spectune.engines import Dialect, detect_dialect
+from spectune.engines import Dialect, PageIdentity, identify_page
 from spectune.errors import InputError
 
 __all__ = ["Labels", "Sample", "Snapshot", "parse_page"]
@@ -50,6 +50,9 @@ class Snapshot:
     dialect: Dialect
     samples: Mapping[str, tuple[Sample, ...]] = field(repr=False)
     family_types: Mapping[str, str] = field(repr=False)
+    identity: PageIdentity | None = None
+    """The engine, version range and spelling :func:`parse_page` found (None for pages
+    assembled from Prometheus answers, whose names are already the catalogue's)."""
 
     def series(self, name: str | None) -> tuple[Sample, ...]:
         """All samples called ``name`` (empty when absent or when ``name`` is None)."""
@@ -94,9 +97,20 @@ def parse_page(text: str, pod: str = "pod-0") -> Snapshot:
         ) from None
     if not samples:
         raise InputError(f"{pod}: the page holds no samples; is this the engine's /metrics URL?")
-    dialect = detect_dialect(_family_names(types, samples))
+    label_names = {k for found in samples.values() for s in found for k, _ in s.labels}
+    identity = identify_page(_family_names(types, samples), label_names)
+    if identity.naming is not None:
+        # A router or pipeline spelled the names its own way: read them as the engine's.
+        renamed: dict[str, list[Sample]] = {}
+        for name, found in samples.items():
+            new = identity.canonical(name)
+            renamed.setdefault(new, []).extend(Sample(new, s.labels, s.value) for s in found)
+        samples = renamed
+        types = {identity.canonical(k): v for k, v in types.items()}
     frozen = {k: tuple(v) for k, v in samples.items()}
-    return Snapshot(pod=pod, dialect=dialect, samples=frozen, family_types=types)
+    return Snapshot(
+        pod=pod, dialect=identity.dialect, samples=frozen, family_types=types, identity=identity
+    )
 
 
 def _family_names(types: Mapping[str, str], samples: Iterable[str]) -> set[str]:

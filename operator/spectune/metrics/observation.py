@@ -128,6 +128,26 @@ class Observation:
     e2e: Histogram | None = None
     resets: tuple[str, ...] = ()
     failed_pods: Mapping[str, str] = field(default_factory=dict)
+    tpot_family: str | None = None
+    """The histogram ``tpot`` was read from (the dialect's per-token one, or an older
+    version's family where the page lacks it)."""
+    tpot_per_step: bool = False
+    """Whether ``tpot`` still holds per-step values (one observation per engine step, so
+    one per mean accepted length of tokens): the reader divides by that length. False once
+    the window could divide itself (its counters give the length) or when the pods do not
+    speculate (a step is a token)."""
+    configured_k: int | None = None
+    """The draft length the engine states in an info gauge (TensorRT-LLM's
+    ``speculative_config_info``), None where it states none."""
+    spec_draft_tokens_gauge: float | None = None
+    """SGLang's active tokens verified per pass (``spec_num_draft_tokens``), mean over pods."""
+    request_acceptance: Histogram | None = None
+    """Per-request acceptance rates of the requests finished in the window, where the
+    engine exports them as a histogram (vLLM's ``request_spec_decode_acceptance_rate``)."""
+    engine_version: str | None = None
+    """The engine and version range the pages' families place them in."""
+    notes: tuple[str, ...] = ()
+    """What the window read differently from the dialect's newest families, and why."""
     covered: float | None = None
     """Share of the window that the least-seen pod's counters span (from Prometheus: its
     first sample in the window to its last). Below 1 by about one scrape interval when
@@ -282,6 +302,69 @@ def _gauge_mean(snap: Snapshot, name: str | None) -> float | None:
     return math.fsum(vals) / len(vals)
 
 
+def _engine_values(snap: Snapshot, name: str | None, cat: Catalogue) -> list[float]:
+    """A gauge's value on each engine of a pod.
+
+    Ranks of one scheduler (SGLang's ``tp_rank``, ``pp_rank``, ``moe_ep_rank``) export the
+    same value each, so they are averaged; separate schedulers (vLLM's ``engine``,
+    SGLang's ``dp_rank``) stay apart, for the caller to sum (a queue) or average (a batch
+    size). A draft engine's own series (``engine_type="draft"``) describe the drafter's
+    scheduler, not the target's, and are left out when the target's are there.
+    """
+    found = [s for s in snap.series(name) if not math.isnan(s.value)]
+    target = [s for s in found if s.label("engine_type") != "draft"]
+    groups: dict[Labels, list[float]] = {}
+    for sample in target or found:
+        groups.setdefault(_drop(sample.labels, *cat.replica_labels), []).append(sample.value)
+    return [math.fsum(v) / len(v) for v in groups.values()]
+
+
+def _engine_mean(snap: Snapshot, name: str | None, cat: Catalogue) -> float | None:
+    vals = _engine_values(snap, name, cat)
+    return math.fsum(vals) / len(vals) if vals else None
+
+
+def _engine_sum(snap: Snapshot, name: str | None, cat: Catalogue) -> float | None:
+    vals = _engine_values(snap, name, cat)
+    return math.fsum(vals) if vals else None
+
+
+def _tpot_family(page: Snapshot, cat: Catalogue) -> tuple[str | None, bool]:
+    """The per-token latency histogram a page holds, and whether it is per step."""
+    if cat.tpot_hist is not None and page.has(cat.tpot_hist + "_bucket"):
+        return cat.tpot_hist, cat.tpot_per_step
+    for name, per_step in cat.tpot_fallbacks:
+        if page.has(name + "_bucket"):
+            return name, per_step
+    return cat.tpot_hist, cat.tpot_per_step
+
+
+def per_token(h: Histogram, length: float) -> Histogram:
+    """A per-step latency histogram read as per-token: every value divided by ``length``.
+
+    One engine step of a speculating request emits ``length`` tokens on average, so a
+    step's latency over ``length`` is the latency per token. Dividing by the mean rather
+    than each step's own count keeps the mean exact and moves every quantile by the same
+    factor; the spread of accepted lengths from step to step is not in the histogram.
+    """
+    bounds = tuple(b if math.isinf(b) else b / length for b in h.bounds)
+    return Histogram(bounds, h.cumulative, h.sum / length, h.count)
+
+
+def _spec_config_k(snap: Snapshot, name: str | None) -> int | None:
+    """The draft length in an info gauge's labels (TensorRT-LLM's speculative config)."""
+    for sample in snap.series(name):
+        lab = dict(sample.labels)
+        for key in ("max_draft_len", "num_speculative_tokens", "max_draft_tokens"):
+            raw = lab.get(key)
+            if raw is not None:
+                try:
+                    return int(float(raw))
+                except ValueError:
+                    continue
+    return None
+
+
 def _cache_info(snap: Snapshot, cat: Catalogue) -> tuple[int | None, int | None, int | None]:
     """(num_gpu_blocks, block_size, kv_cache_size_tokens) from cache_config_info labels."""
     blocks = size = tokens = None
@@ -367,9 +450,18 @@ def observation_from_pages(
     eff_g: list[float | None] = []
     steps_g: list[float | None] = []
     blocks = size = tokens = None
-    hists: dict[str, Histogram | None] = {"tpot": None, "ttft": None, "queue": None, "e2e": None}
+    hists: dict[str, Histogram | None] = {
+        "tpot": None, "ttft": None, "queue": None, "e2e": None, "request_acceptance": None,
+    }  # fmt: skip
     resets: list[str] = []
     has_spec_counter = False
+    tpot_name, tpot_step = _tpot_family(next(iter(ends.values())), cat)
+    verify: float | None = None
+    drafted_pp: float | None = None
+    accepted_pp: float | None = None
+    configured_k: int | None = None
+    draft_tokens_g: list[float | None] = []
+    kv_fallback_used = False
 
     for pod, end in ends.items():
         beg = start.get(pod)
@@ -392,6 +484,7 @@ def observation_from_pages(
         d_draft_tokens = counter(cat.draft_tokens)
         d_accepted = counter(cat.accepted_tokens)
         d_emitted = counter(cat.emitted_tokens)
+        verify = _add(verify, counter(cat.verify_calls))
         if any(v is not None for v in (d_drafts, d_draft_tokens, d_accepted)):
             has_spec_counter = True
         drafts = _add(drafts, d_drafts)
@@ -403,6 +496,7 @@ def observation_from_pages(
             values, r = pp
             reset |= r
             pos = _per_position(values, cat.position_label)
+            accepted_pp = _add(accepted_pp, math.fsum(pos))
             if len(pos) > len(per_pos):
                 per_pos.extend([0.0] * (len(pos) - len(per_pos)))
             for i, v in enumerate(pos):
@@ -416,14 +510,16 @@ def observation_from_pages(
                 reset |= r
                 first = _per_position(values, cat.position_label or "position")
                 drafts = _add(drafts, first[0] if first else None)
+                drafted_pp = _add(drafted_pp, math.fsum(first))
         gen = _add(gen, counter(cat.generation_tokens))
         prompt = _add(prompt, counter(cat.prompt_tokens))
         preempt = _add(preempt, counter(cat.preemptions))
         for key, name in (
-            ("tpot", cat.tpot_hist),
+            ("tpot", tpot_name),
             ("ttft", cat.ttft_hist),
             ("queue", cat.queue_hist),
             ("e2e", cat.e2e_hist),
+            ("request_acceptance", cat.request_acceptance_hist),
         ):
             h = _histogram_delta(beg, end, name)
             if h is not None:
@@ -431,20 +527,33 @@ def observation_from_pages(
                 reset |= r
                 prev = hists[key]
                 hists[key] = hist if prev is None else prev.merged(hist)
-        running.append(_gauge_mean(end, cat.running))
-        waiting.append(end.total(cat.waiting))
-        kv.append(_gauge_mean(end, cat.kv_usage))
-        rate_g.append(_gauge_mean(end, cat.acceptance_rate_gauge))
-        len_g.append(_gauge_mean(end, cat.accept_length_gauge))
-        eff_g.append(_gauge_mean(end, cat.efficiency_gauge))
-        steps_g.append(
-            _gauge_mean(end, "sglang:spec_num_steps" if dialect is Dialect.SGLANG else None)
-        )
+        running.append(_engine_mean(end, cat.running, cat))
+        waiting.append(_engine_sum(end, cat.waiting, cat))
+        usage = _engine_mean(end, cat.kv_usage, cat)
+        if usage is None and cat.kv_usage_fallback is not None:
+            usage = _engine_mean(end, cat.kv_usage_fallback, cat)
+            kv_fallback_used |= usage is not None
+        kv.append(usage)
+        rate_g.append(_engine_mean(end, cat.acceptance_rate_gauge, cat))
+        len_g.append(_engine_mean(end, cat.accept_length_gauge, cat))
+        eff_g.append(_engine_mean(end, cat.efficiency_gauge, cat))
+        steps_g.append(_engine_mean(end, cat.spec_steps_gauge, cat))
+        draft_tokens_g.append(_engine_mean(end, cat.spec_draft_tokens_gauge, cat))
+        pod_k = _spec_config_k(end, cat.spec_config_info)
+        configured_k = pod_k if configured_k is None else configured_k
         b, sz, tk = _cache_info(end, cat)
+        if b is None and cat.kv_max_blocks is not None:
+            max_blocks = _engine_sum(end, cat.kv_max_blocks, cat)
+            per_block = _engine_mean(end, cat.kv_tokens_per_block, cat)
+            b = int(max_blocks) if max_blocks is not None else None
+            sz = int(per_block) if per_block is not None else None
         blocks, size, tokens = _min_int(blocks, b), _min_int(size, sz), _min_int(tokens, tk)
         if reset:
             resets.append(pod)
 
+    notes: list[str] = []
+    steps = _mean(steps_g)
+    draft_per_pass = _mean(draft_tokens_g)
     if has_spec_counter:
         spec = SpecCounts(
             drafts=drafts,
@@ -453,12 +562,57 @@ def observation_from_pages(
             accepted_per_pos=tuple(per_pos) if per_pos else None,
             emitted=emitted,
         )
+    elif verify and gen is not None:
+        spec = _sglang_counts(verify, gen, steps, draft_per_pass, notes)
+    if (
+        drafted_pp is not None
+        and draft_tokens
+        and abs(drafted_pp - draft_tokens) > 0.02 * draft_tokens
+    ):
+        notes.append(
+            f"the per-request per-position counters and the per-iteration totals disagree: "
+            f"drafted tokens summed over positions {drafted_pp:.0f} vs "
+            f"{cat.draft_tokens} {draft_tokens:.0f}; per-position rates use the per-position "
+            "counters, the overall rate the totals"
+        )
+    elif (
+        dialect is Dialect.TRTLLM
+        and accepted_pp is not None
+        and accepted
+        and abs(accepted_pp - accepted) > 0.02 * accepted
+    ):
+        notes.append(
+            f"the per-request per-position counters and the per-iteration totals disagree: "
+            f"accepted tokens summed over positions {accepted_pp:.0f} vs "
+            f"{cat.accepted_tokens} {accepted:.0f}; per-position rates use the per-position "
+            "counters, the overall rate the totals"
+        )
     accept_len = _mean(len_g)
     # SGLang reports 0 for its spec gauges when speculation is off.
     if dialect is Dialect.SGLANG and accept_len is not None and accept_len <= 0:
         accept_len = None
     if blocks is not None and size is not None and tokens is None:
         tokens = blocks * size
+    if kv_fallback_used:
+        notes.append(
+            f"KV usage from {cat.kv_usage_fallback} (this vLLM predates {cat.kv_usage}, 0.9)"
+        )
+    tpot = hists["tpot"]
+    speculating = spec is not None or accept_len is not None
+    if tpot_name != cat.tpot_hist and tpot is not None:
+        notes.append(f"per-token latency from {tpot_name} (the page has no {cat.tpot_hist})")
+    if tpot is not None and tpot_step and not speculating:
+        tpot_step = False  # without speculation a step emits one token
+    if tpot is not None and tpot_step and spec is not None and spec.drafts and spec.accepted:
+        length = 1 + spec.accepted / spec.drafts
+        tpot = per_token(tpot, length)
+        tpot_step = False
+        notes.append(
+            f"{tpot_name} is observed once per engine step, which emits {length:.2f} tokens "
+            "on average under speculation: per-token latency is it divided by that mean "
+            "accepted length (vLLM 0.11 and later export the per-token "
+            "request_time_per_output_token_seconds)"
+        )
     return Observation(
         dialect=dialect,
         window_s=window_s,
@@ -467,7 +621,7 @@ def observation_from_pages(
         acceptance_rate_gauge=_mean(rate_g) if accept_len is not None or spec else None,
         accept_length_gauge=accept_len,
         efficiency_gauge=_mean(eff_g),
-        spec_steps_gauge=_mean(steps_g),
+        spec_steps_gauge=steps,
         generation_tokens=gen,
         prompt_tokens=prompt,
         preemptions=preempt,
@@ -477,13 +631,75 @@ def observation_from_pages(
         num_gpu_blocks=blocks,
         block_size=size,
         kv_capacity_tokens=tokens,
-        tpot=hists["tpot"],
+        tpot=tpot,
         ttft=hists["ttft"],
         queue=hists["queue"],
         e2e=hists["e2e"],
         resets=tuple(resets),
         failed_pods=dict(failed_pods or {}),
+        tpot_family=tpot_name if tpot is not None else None,
+        tpot_per_step=tpot_step if tpot is not None else False,
+        configured_k=configured_k,
+        spec_draft_tokens_gauge=draft_per_pass,
+        request_acceptance=hists["request_acceptance"],
+        engine_version=_version(after),
+        notes=tuple(notes),
     )
+
+
+_NAMING = {
+    "sglang_": "names spelled sglang_ (':' rewritten on the way)",
+    "vllm_": "names spelled vllm_ (':' rewritten on the way)",
+    "trtllm:": "names spelled trtllm: (Dynamo's prefixing)",
+    "unprefixed": "names without the trtllm_ prefix",
+}
+
+
+def _version(pages: Sequence[Snapshot]) -> str | None:
+    found = sorted(
+        {
+            p.identity.version + (f"; {_NAMING[p.identity.naming]}" if p.identity.naming else "")
+            for p in pages
+            if p.identity is not None
+        }
+    )
+    return "; ".join(found) if found else None
+
+
+def _sglang_counts(
+    verify: float,
+    generated: float,
+    steps: float | None,
+    draft_per_pass: float | None,
+    notes: list[str],
+) -> SpecCounts | None:
+    """SGLang's exact window counts from its two counters, or None when they cannot be.
+
+    ``spec_verify_calls_total`` and ``generation_tokens_total`` both grow when a request
+    finishes, by its verification passes and its output tokens, so their increases over a
+    window give the request-weighted mean accepted length exactly (each pass emits its
+    accepted drafts plus one token of the target): accepted drafts are the output tokens
+    less one per pass. A length below 1 or above the tokens a pass can verify is not one
+    drafter's window (the counters come from different processes or workers), and the
+    gauges are read instead.
+    """
+    length = generated / verify
+    most = steps + 1 if steps else draft_per_pass
+    if length < 1 or (most is not None and length > most + 1e-9):
+        bound = "below 1" if length < 1 else f"above the {most:g} tokens a pass verifies"
+        notes.append(
+            f"sglang:generation_tokens_total / sglang:spec_verify_calls_total = "
+            f"{generated:.0f} / {verify:.0f} = {length:.2f}, {bound}: the two counters do "
+            "not describe one drafter, so acceptance comes from the gauges"
+        )
+        return None
+    notes.append(
+        f"mean accepted length {length:.3f} = Δsglang:generation_tokens_total / "
+        "Δsglang:spec_verify_calls_total (exact over the window, request-weighted; both "
+        "count finished requests, so the window lags requests still running)"
+    )
+    return SpecCounts(drafts=verify, draft_tokens=None, accepted=generated - verify,
+                      accepted_per_pos=None)  # fmt: skip
 
 
 def _check_one_process(pod: str, beg: Snapshot, end: Snapshot, names: Sequence[str | None]) -> None:

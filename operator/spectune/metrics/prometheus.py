@@ -26,7 +26,7 @@ from requests import RequestException
 from requests.exceptions import RetryError
 from urllib3.util.retry import Retry
 
-from spectune.engines import Catalogue, Dialect, catalogue_for
+from spectune.engines import Catalogue, Dialect, PageIdentity, catalogue_for
 from spectune.errors import (
     InputError,
     NoDataError,
@@ -75,6 +75,9 @@ class PrometheusSource:
         self._body = validate_selector(selector)
         self._url = url.rstrip("/")
         self._dialect = dialect
+        # How the series are spelled in this Prometheus (a router that rewrote ':' to '_',
+        # Dynamo's 'trtllm:'); None for the engine's own names.
+        self._naming: str | None = None
         self._timeout = timeout_s
         self._quote = quote_errors
         # Retry only what a load balancer in front of Prometheus says is passing (502–504);
@@ -148,9 +151,20 @@ class PrometheusSource:
             rows = await self.query(f"count({self._sel(cat.running)})", at)
             if rows:
                 if cat.dialect is Dialect.VLLM_V1:
-                    v1 = await self.query(f"count({self._sel('vllm:kv_cache_usage_perc')})", at)
-                    return Dialect.VLLM_V1 if v1 else Dialect.VLLM_V0
+                    v0 = await self.query(
+                        f"count({self._sel('vllm:num_requests_swapped')}) or "
+                        f"count({self._sel('vllm:spec_decode_draft_acceptance_rate')})",
+                        at,
+                    )
+                    return Dialect.VLLM_V0 if v0 else Dialect.VLLM_V1
                 return cat.dialect
+        for naming, spelled, dialect in (
+            ("sglang_", "sglang_num_running_reqs", Dialect.SGLANG),
+            ("trtllm:", "trtllm:num_requests_running", Dialect.TRTLLM),
+        ):
+            if await self.query(f"count({self._sel(spelled)})", at):
+                self._naming = naming
+                return dialect
         raise NoDataError(
             f"the selector {{{self._body}}} matches no serving-engine series in Prometheus at "
             f"{self._url}; check the labels with: count by (__name__)({{{self._body}}})"
@@ -173,8 +187,14 @@ class PrometheusSource:
             self._dialect = await self.detect_dialect(at)  # once: the pods keep their engine
         dialect = self._dialect
         cat = catalogue_for(dialect)
-        regex = "|".join(re.escape(n) for n in _series_names(cat))
+        ident = PageIdentity(dialect, "", self._naming)
+        spelled = {_spell(n, self._naming): n for n in _series_names(cat)}
+        regex = "|".join(re.escape(n) for n in sorted(spelled))
         rows = await self.query(f'{{__name__=~"{regex}",{self._body}}}[{round(window_s)}s]', at)
+        for row in rows:
+            metric = row.get("metric")
+            if isinstance(metric, dict) and "__name__" in metric:
+                metric["__name__"] = ident.canonical(str(metric["__name__"]))
         if not rows:
             raise NoDataError(
                 f"the selector {{{self._body}}} matches no {dialect.value} series at {self._url}"
@@ -201,17 +221,28 @@ def _series_names(cat: Catalogue) -> list[str]:
         cat.drafted_per_pos, cat.emitted_tokens, cat.acceptance_rate_gauge,
         cat.accept_length_gauge, cat.efficiency_gauge, cat.running, cat.waiting, cat.kv_usage,
         cat.cache_config_info, cat.kv_capacity_tokens_gauge, cat.preemptions,
-        cat.generation_tokens, cat.prompt_tokens,
+        cat.generation_tokens, cat.prompt_tokens, cat.kv_usage_fallback, cat.verify_calls,
+        cat.spec_steps_gauge, cat.spec_draft_tokens_gauge, cat.spec_config_info,
+        cat.kv_max_blocks, cat.kv_tokens_per_block,
     ]  # fmt: skip
-    if cat.dialect is Dialect.SGLANG:
-        plain.append("sglang:spec_num_steps")
     names = [n for n in plain if n]
     names += [h + part for h in _histograms(cat) for part in ("_bucket", "_sum", "_count")]
     return sorted(set(names))
 
 
+def _spell(name: str, naming: str | None) -> str:
+    """A catalogue name as a Prometheus with this spelling stores it."""
+    if naming == "sglang_" and name.startswith("sglang:"):
+        return "sglang_" + name[len("sglang:") :]
+    if naming == "trtllm:" and name.startswith("trtllm_"):
+        return "trtllm:" + name[len("trtllm_") :]
+    return name
+
+
 def _histograms(cat: Catalogue) -> list[str]:
-    return [h for h in (cat.tpot_hist, cat.ttft_hist, cat.queue_hist, cat.e2e_hist) if h]
+    named = (cat.tpot_hist, cat.ttft_hist, cat.queue_hist, cat.e2e_hist,
+             cat.request_acceptance_hist, *(name for name, _ in cat.tpot_fallbacks))  # fmt: skip
+    return [h for h in named if h]
 
 
 #: Labels Prometheus adds to every series; not part of the engine's own label sets.
@@ -234,7 +265,7 @@ def _pages_from_ranges(
         n
         for n in (cat.drafts, cat.draft_tokens, cat.accepted_tokens, cat.accepted_per_pos,
                   cat.drafted_per_pos, cat.emitted_tokens, cat.preemptions,
-                  cat.generation_tokens, cat.prompt_tokens)
+                  cat.generation_tokens, cat.prompt_tokens, cat.verify_calls)
         if n
     }  # fmt: skip
     cumulative |= {h + part for h in _histograms(cat) for part in ("_bucket", "_sum", "_count")}

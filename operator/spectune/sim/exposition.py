@@ -36,17 +36,27 @@ from spectune.sim.stats import Hist
 __all__ = ["render_page"]
 
 
-def render_page(engine: Engine, model_name: str, created_s: float, sglang: bool) -> str:
-    """The page ``engine`` would serve now; ``created_s`` is its start, as a Unix time."""
+def render_page(
+    engine: Engine, model_name: str, created_s: float, sglang: bool, version: str = "current"
+) -> str:
+    """The page ``engine`` would serve now; ``created_s`` is its start, as a Unix time.
+
+    ``version`` picks the release whose families the page has (``Scenario.metrics_version``):
+    the numbers come from the same engine either way, so a reader of any version must find
+    the same acceptance in them.
+    """
     engine.stats.sync()
     registry = CollectorRegistry(auto_describe=False)
     collector: Collector = (
-        _SGLangCollector(engine, model_name, created_s)
+        _SGLangCollector(engine, model_name, created_s, version)
         if sglang
-        else _VLLMCollector(engine, model_name, created_s)
+        else _VLLMCollector(engine, model_name, created_s, version)
     )
     registry.register(collector)
-    return generate_latest(registry).decode("utf-8")
+    text = generate_latest(registry).decode("utf-8")
+    if version == "sglang-underscore":
+        text = text.replace("sglang:", "sglang_")
+    return text
 
 
 def _base(name: str) -> str:
@@ -64,10 +74,15 @@ def _hist(
 
 
 class _VLLMCollector(Collector):
-    def __init__(self, engine: Engine, model_name: str, created: float) -> None:
+    def __init__(self, engine: Engine, model_name: str, created: float, version: str) -> None:
         self.engine = engine
         self.model_name = model_name
         self.created = created
+        # vLLM 0.11 renamed the per-step histogram and added the per-token one; 0.9 renamed
+        # the KV gauge; 0.8.5 added num_drafts and per-position counters (engines.md §1.1).
+        self.before_0_11 = version in ("vllm-0.10", "vllm-0.8.5", "vllm-0.8.3")
+        self.before_0_9 = version in ("vllm-0.8.5", "vllm-0.8.3")
+        self.no_drafts = version == "vllm-0.8.3"
 
     def collect(self) -> Iterator[Metric]:
         e, s, cat = self.engine, self.engine.stats, VLLM_V1
@@ -87,9 +102,14 @@ class _VLLMCollector(Collector):
 
         yield gauge(cat.running, "Number of requests in model execution batches.", e.running)
         yield gauge(cat.waiting, "Number of requests waiting to be processed.", len(e.waiting))
-        yield gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.kv_usage()
-        )
+        if not self.before_0_9:
+            yield gauge(
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                e.kv_usage(),
+            )
+        if self.before_0_11:
+            yield gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage.", e.kv_usage())
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -160,7 +180,15 @@ class _VLLMCollector(Collector):
              s.req_params_max_tokens),
             ("vllm:request_params_n", "Histogram of the n request parameter.", s.req_params_n),
         )  # fmt: skip
-        for name, doc, h in hists:
+        served: tuple[tuple[str, str, Hist], ...] = hists
+        if self.before_0_11:
+            renamed = {"vllm:inter_token_latency_seconds": "vllm:time_per_output_token_seconds"}
+            served = tuple(
+                (renamed.get(name, name), doc, h)
+                for name, doc, h in hists
+                if name != "vllm:request_time_per_output_token_seconds"
+            )
+        for name, doc, h in served:
             yield _hist(name, doc, labels, values, h, created)
 
     def _spec(self, labels: list[str], values: list[str]) -> Iterator[Metric]:
@@ -171,9 +199,13 @@ class _VLLMCollector(Collector):
             (cat.draft_tokens, "Number of draft tokens.", s.draft_tokens),
             (cat.accepted_tokens, "Number of accepted tokens.", s.accepted),
         ):
+            if self.no_drafts and name == cat.drafts:
+                continue
             c = CounterMetricFamily(_base(name), doc, labels=labels)
             c.add_metric(values, value, created=created)
             yield c
+        if self.no_drafts:
+            return
         per_pos = CounterMetricFamily(
             _base(cat.accepted_per_pos),
             "Accepted tokens per draft position.",
@@ -229,10 +261,11 @@ _CACHE_CONFIG_LABELS = [
 
 
 class _SGLangCollector(Collector):
-    def __init__(self, engine: Engine, model_name: str, created: float) -> None:
+    def __init__(self, engine: Engine, model_name: str, created: float, version: str) -> None:
         self.engine = engine
         self.model_name = model_name
         self.created = created
+        self.with_counters = version == "sglang-2026"
 
     def collect(self) -> Iterator[Metric]:
         e, s, cat = self.engine, self.engine.stats, SGLANG
@@ -276,6 +309,21 @@ class _SGLangCollector(Collector):
                       s.num_requests)  # fmt: skip
         yield counter("sglang:num_aborted_requests_total", "Number of requests aborted.",
                       s.success["abort"])  # fmt: skip
+        if self.with_counters:
+            # The engine adds a request's verification passes when it finishes; the
+            # simulator counts them as they run, so a window here does not lag.
+            yield counter(
+                "sglang:spec_verify_calls_total",
+                "Number of speculative decoding verification calls.",
+                s.drafts,
+            )
+            k = float(e.arm.k)
+            yield gauge("sglang:spec_num_steps", "Currently active speculative_num_steps.", k)
+            yield gauge(
+                "sglang:spec_num_draft_tokens",
+                "Currently active speculative_num_draft_tokens.",
+                k + 1 if k else 0.0,
+            )
         for name, doc, h in (
             ("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
              s.sg_ttft),

@@ -399,7 +399,13 @@ class Fleet:
                 else f"restarting until t={r.down_until:.1f}s"
             )
             raise SourceUnavailableError(f"replica {i} is not serving ({why})")
-        return render_page(r.engine, self.model_name, self.epoch_s + r.engine.start_s, self._sglang)
+        return render_page(
+            r.engine,
+            self.model_name,
+            self.epoch_s + r.engine.start_s,
+            self._sglang,
+            self.scenario.metrics_version,
+        )
 
     def records(self, start_s: float = 0.0, end_s: float = math.inf) -> list[RequestRecord]:
         """Requests that finished in ``[start_s, end_s)``, in finish order."""

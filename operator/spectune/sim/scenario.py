@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from spectune.errors import SpecError
 from spectune.search.arms import Arm
@@ -284,6 +291,16 @@ class Scenario(_Model):
     seed: Annotated[int, Field(ge=0)] = 0
     duration_s: Pos
     engine: Literal["vllm", "sglang"] = "vllm"
+    #: which release's /metrics page the replicas serve (the same physics, the families
+    #: that release had): ``current`` is today's page of ``engine``; ``vllm-0.10`` has the
+    #: per-step ``time_per_output_token_seconds`` and both KV gauges, no per-token TPOT;
+    #: ``vllm-0.8.5`` also only ``gpu_cache_usage_perc``; ``vllm-0.8.3`` also no
+    #: ``num_drafts`` nor per-position counters; ``sglang-2026`` adds
+    #: ``spec_verify_calls_total`` and the active-tier gauges; ``sglang-underscore`` is the
+    #: page spelled ``sglang_`` as routers that rewrite ``:`` serve it.
+    metrics_version: Literal[
+        "current", "vllm-0.10", "vllm-0.8.5", "vllm-0.8.3", "sglang-2026", "sglang-underscore"
+    ] = "current"
     hardware: Hardware
     target: Target
     drafters: list[Drafter] = Field(default_factory=list)
@@ -293,6 +310,15 @@ class Scenario(_Model):
     initial: Initial = Field(default_factory=Initial)
     events: list[Event] = Field(default_factory=list)
     objective: Objective = Field(default_factory=Objective)
+
+    @model_validator(mode="after")
+    def _version_of_engine(self) -> Scenario:
+        if self.metrics_version != "current" and not self.metrics_version.startswith(self.engine):
+            raise ValueError(
+                f"metrics_version {self.metrics_version!r} is not a {self.engine} release; "
+                f"use current or one starting with {self.engine}-"
+            )
+        return self
 
     def drafter(self, name: str) -> Drafter:
         """The drafter called ``name``; :class:`SpecError` listing the valid ones if unknown."""

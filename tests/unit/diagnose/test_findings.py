@@ -94,13 +94,44 @@ def test_a_mismatched_drafter_is_low_acceptance(curve: list[float]) -> None:
     assert Code.LOW_ACCEPTANCE in d.codes
 
 
-def test_an_expensive_drafter_with_fine_acceptance_is_branch_b() -> None:
-    curve = [0.75, 0.55, 0.4, 0.3]
+def test_an_accurate_drafter_that_costs_its_gain_is_branch_b() -> None:
+    # First position 0.85, c = 0.9: a cheap head at this acceptance would give ~2.5×.
+    curve = [0.85, 0.7, 0.55, 0.4]
     d = diagnose(spec_obs(curve, tpot=tpot_for(curve, 0.9)), off_obs())
     assert Code.LOW_ACCEPTANCE not in d.codes
     (f,) = [f for f in d.findings if f.code is Code.DRAFTER_TOO_EXPENSIVE]
     assert f.evidence["draft_cost"] == pytest.approx(0.9, rel=1e-3)
-    assert d.best_k == 0
+    assert f.evidence["speedup_source"] == "measured"
+    assert f.evidence["speedup"] < 1 < f.evidence["speedup_at_cheap_cost"]
+    assert all(w in f.action for w in ("shrink", "quantize", "replace"))
+
+
+def test_an_accurate_costly_drafter_at_too_long_a_k_gets_both_findings() -> None:
+    # a = 0.9 flat at k = 8 with c = 0.3: k = 2 is better, and even that gains little
+    # against the ~4× a cheap drafter would give at this acceptance.
+    curve = [float(x) for x in flat_survival(0.9, 8)]
+    d = diagnose(spec_obs(curve, tpot=tpot_for(curve, 0.3)), off_obs())
+    assert {Code.K_PAST_PEAK, Code.DRAFTER_TOO_EXPENSIVE} <= set(d.codes)
+
+
+def test_moderate_acceptance_is_not_blamed_on_the_drafter_cost() -> None:
+    # First position 0.75 is under 0.8: a small gain is not the cost's fault alone.
+    curve = [0.75, 0.55, 0.4, 0.3]
+    d = diagnose(spec_obs(curve, tpot=tpot_for(curve, 0.9)), off_obs())
+    assert Code.DRAFTER_TOO_EXPENSIVE not in d.codes and d.best_k == 0
+
+
+def test_a_cheap_accurate_drafter_is_not_too_expensive() -> None:
+    curve = [0.85, 0.7, 0.55, 0.4]
+    d = diagnose(spec_obs(curve, tpot=tpot_for(curve, 0.05)), off_obs())
+    assert Code.DRAFTER_TOO_EXPENSIVE not in d.codes and Code.HEALTHY in d.codes
+
+
+def test_low_acceptance_waits_for_as_many_drafts_as_insufficient_data_asks() -> None:
+    few = diagnose(spec_obs([0.3, 0.1, 0.03], drafts=300), draft_cost=0.05)
+    many = diagnose(spec_obs([0.3, 0.1, 0.03], drafts=20_000), draft_cost=0.05)
+    assert Code.LOW_ACCEPTANCE not in few.codes and Code.INSUFFICIENT_DATA in few.codes
+    assert Code.LOW_ACCEPTANCE in many.codes
 
 
 def test_a_big_batch_times_k_is_the_large_batch_regime() -> None:

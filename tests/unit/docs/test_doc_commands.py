@@ -104,6 +104,17 @@ def _save_pages(cwd: Path) -> None:
         shutil.copy(src, cwd / dst)
 
 
+def _save_one_page(cwd: Path) -> None:
+    """The README's single page: a public vLLM fragment (tests/fixtures/pages)."""
+    src = REPO / "tests" / "fixtures" / "pages" / "vllm-v1-dgx-spark-spec-fragment.prom"
+    shutil.copy(src, cwd / "pod0.prom")
+
+
+def _diagnose_one_page(out: str, cwd: Path) -> None:
+    assert "since its engine started" in out
+    assert "INSUFFICIENT_DATA" in out  # no baseline and no --draft-cost: c is unknown
+
+
 def _whatif(out: str, cwd: Path) -> None:
     # README: "best k = 3 (1.75×)"
     assert "Best k = 3" in out
@@ -213,6 +224,7 @@ OFFLINE: dict[str, Runner] = {
         _diagnose_pages,
         60,
     ),
+    "spectune diagnose --after pod0.prom": (None, _save_one_page, _diagnose_one_page, 60),
     "spectune report --example --out report/": (None, None, _report, 120),
     "promtool test rules deploy/alerts/spectune-rules.test.yaml": (None, None, _promtool, 120),
     "python -m spectune.run": ("python -m spectune.run --help", None, _usage, 60),
