@@ -478,9 +478,15 @@ def predict(
     rng: np.random.Generator,
     n: int = 2000,
 ) -> Prediction:
-    """Draws of every arm's objective at ``load`` tokens/s per pod (module docstring)."""
+    """Draws of every arm's objective at ``load`` tokens/s per pod (module docstring).
+
+    An arm is *measured* (:attr:`Prediction.measured`) when it was seen in a window at the
+    service load per pod the latest window ran at (the load trials reach now: the target's
+    own where canaries take its pods' place, less where they run beside it); the model then
+    moves it to ``load``."""
     arms = list(dict.fromkeys([OFF, *arms]))
     gws = group_windows(history)
+    latest = max(gws, key=lambda g: g.window).service_load if gws else math.nan
     drafters = sorted({a.drafter for a in arms if a.drafter is not None})
     model = StepModel.fit(gws, drafters, draft_cost)
     acc = _acceptances(gws, arms, priors)
@@ -510,21 +516,24 @@ def predict(
     for j, arm in enumerate(arms):
         log_tau, sat = _tpot(coef, model, arm, expected(arm), load)
         log_tau = log_tau + _tail_offset(tails, arm) if latency else np.zeros(n)
-        own = [g for g in gws if g.arm == arm and g.load > 0]
+        own = [i for i, g in enumerate(gws) if g.arm == arm and g.load > 0]
         if own:
-            # Measured at its own load: move it by the model to the target's (zero shift
-            # for a load-matched trial), with the same draws.
-            at = float(np.mean([g.load for g in own]))
-            if any(1 / NEAR_LOAD <= g.service_load / load <= NEAR_LOAD for g in own):
+            if any(1 / NEAR_LOAD <= gws[i].service_load / latest <= NEAR_LOAD for i in own):
                 measured.add(arm.name)
-            base, sat_there = _tpot(coef, model, arm, expected(arm), at)
-            meas = float(np.mean([offsets[i] for i, g in enumerate(gws) if g.arm == arm]))
+            # Moved by the model from the windows nearest the target's load (no move for a
+            # load-matched trial), with the same draws, and an error that grows with the move.
+            gap = {i: abs(math.log(gws[i].load / load)) for i in own}
+            near = [i for i in own if gap[i] <= min(gap.values()) + math.log(NEAR_LOAD)]
+            at = float(np.mean([gws[i].load for i in near]))
+            base, _ = _tpot(coef, model, arm, expected(arm), at)
+            meas = float(np.mean(offsets[near]))
             shift = np.nan_to_num(log_tau - base, nan=0.0) if latency else 0.0
             form = LOAD_MOVE_ERROR * abs(math.log(load / at)) * rng.standard_normal(n)
             log_tau = np.asarray(meas + shift + (form if latency else 0.0), dtype=float)
-            # A draw in which the arm saturates at the load it was seen serving is refuted
-            # by that measurement: it says nothing about the target's load either.
-            sat = sat & ~sat_there
+            # A draw in which the arm saturates at a load it was seen serving is refuted by
+            # that window (whose objective holds whatever queue it had).
+            _, sat_seen = _tpot(coef, model, arm, expected(arm), max(gws[i].load for i in own))
+            sat = sat & ~sat_seen
         value = log_tau + tail[:, j] + np.where(sat, SATURATION_PENALTY, 0.0)
         loss[:, j] = value if metric.minimise else -value
         sat_share[j] = float(np.mean(sat))

@@ -121,9 +121,9 @@ def test_an_arm_that_cannot_keep_up_with_the_load_saturates() -> None:
 
 def test_prediction_at_the_target_load_puts_the_interior_k_first() -> None:
     d = [Arm("d", k) for k in range(1, 9)]
-    # off and d/8 measured at one load, d/2 at another: the rest are predictions, all at
-    # the load of the first window (off's batch of 8).
-    h = history_of([(OFF, Arm("d", 8), 8.0), (OFF, Arm("d", 2), 24.0)])
+    # d/2 measured at one load, then off and d/8 at another: the rest are predictions, all
+    # at the load of the latest window (off's batch of 8).
+    h = history_of([(OFF, Arm("d", 2), 24.0), (OFF, Arm("d", 8), 8.0)])
     load = fake_stats(OFF, 8.0).tokens_per_s
     p = predict(h, [OFF, *d], Metric.TPOT_P95, load, {}, 0.1, np.random.default_rng(1), 2000)
     med = {a.name: float(np.median(p.column(a))) for a in p.arms}
