@@ -279,10 +279,16 @@ class StepModel:
         batch = np.array([g.stats.running for g in gws])
         s0 = float(np.median(steps)) if len(gws) else 0.02
         b0 = max(float(np.median(batch)) if len(gws) else 1.0, 1.0)
+        n0 = max(
+            float(np.median([g.stats.running * (g.arm.k + 1) for g in gws])) if gws else 1.0, 1.0
+        )
         prior_mean = np.zeros(2 + 2 * len(names))
         prior_sd = np.zeros_like(prior_mean)
-        prior_mean[0], prior_sd[0] = s0, s0
-        prior_sd[1] = s0 / b0
+        # Without the hardware, whether a step is bound by reading the weights or by the
+        # verified tokens is unknown until two loads or two draft lengths are seen: the prior
+        # splits the typical step evenly between them, each part as uncertain as itself.
+        prior_mean[0], prior_sd[0] = s0 / 2, s0 / 2
+        prior_mean[1], prior_sd[1] = s0 / (2 * n0), s0 / n0
         for j in range(len(names)):
             # A draft pass reads the drafter's weights (φ0) and computes over the batch
             # (φ1·b): at one load the two cannot be told apart, so the prior splits the
