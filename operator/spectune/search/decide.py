@@ -52,7 +52,7 @@ from spectune.search.spectune_policy import (
 )
 from spectune.search.verify import failing_arms
 
-__all__ = ["ModelPolicy", "target_load", "worse_with_confidence"]
+__all__ = ["ModelPolicy", "target_load", "try_first", "worse_with_confidence"]
 
 #: An arm already tried this often in an epoch is not restarted again.
 MAX_TRIALS_PER_ARM = 2
@@ -144,6 +144,20 @@ def _candidates(ctx: TuningContext, history: History) -> list[Arm]:
     return out
 
 
+def try_first(lead_gain: float, challenger_gain: float) -> bool:
+    """Whether to try the best challenger before promoting a leader that beats the incumbent.
+
+    Promoting now earns the leader's gain ``g`` at once, but the promotion's rollout and
+    verification (about ``V`` windows) delay the challenger's trial, whose expected further
+    gain is ``h``; trying it first delays ``g`` by the trial's ``W`` windows and then
+    promotes the better of the two with one rollout. Over the next ``V + W`` windows the
+    first earns ``g·(V + W)`` and the second ``(g + h)·V``: try first when ``h·V > g·W``.
+    A trial and a verification both take about two windows (``W ≈ V``), so: when the
+    challenger's expected gain over the leader exceeds the leader's over the incumbent.
+    """
+    return challenger_gain > lead_gain
+
+
 def _priors(ctx: TuningContext) -> dict[str, tuple[float, float]]:
     return {
         d.name: METHOD_ACCEPTANCE.get(d.method, UNKNOWN_METHOD_ACCEPTANCE)
@@ -232,10 +246,13 @@ class ModelPolicy:
             else:
                 why += f"; keeping {ctx.incumbent.name}" + (f" ({said})" if lead != final else "")
             return Decision(DecisionKind.PROMOTE, final, prefix + why, end_running, estimates)
-        if superior:
+        lead_gain = -float(np.mean(d[:, leader]))
+        if superior and not try_first(lead_gain, challengers[0][1]):
             why = f"{prefix}{said}; the search goes on"
             return Decision(DecisionKind.PROMOTE, lead, why, end_running, estimates, final=False)
         pick, gain = challengers[0]
+        if superior:
+            prefix += f"{said}, but trying first: "
         arm = pred.arms[pick]
         keep = running is not None and running.arm == arm.name
         why = (

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 
 from spectune.search.arms import OFF, Arm
-from spectune.search.decide import ModelPolicy, target_load, worse_with_confidence
+from spectune.search.decide import ModelPolicy, target_load, try_first, worse_with_confidence
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.objective import Objective
 from spectune.search.policy import DecisionKind, DrafterSpec, SearchSpace, TuningContext
@@ -141,3 +141,17 @@ def test_target_load_counts_the_pods_that_serve_after_the_trial() -> None:
     # The canary took a target pod's place: two pods serve afterwards; beside, one.
     assert target_load(h, beside=False) == both / 2
     assert target_load(h, beside=True) == both
+
+
+def test_a_challenger_worth_more_than_the_leaders_gain_is_tried_before_promoting() -> None:
+    # d/1 beats off with confidence; d/1's counters put longer drafts far ahead of it, by
+    # more than d/1 gains over off: one trial now saves a rollout and its verification.
+    trial = TrialRecord("d/1", "off", 0, 300.0)
+    for i in (1, 2):
+        trial = trial.with_window(window(i, OFF, Arm("d", 1)))
+    history = History(baseline=((0, window(0, OFF, None)),)).add_trial(trial)
+    d = ModelPolicy().decide(TuningContext(SPACE, Objective(), OFF, 900.0, seed=3), history)
+    assert d.kind is DecisionKind.TRIAL and d.arm is not None and d.arm.k > 1, d.reason
+    assert "trying first" in d.reason
+    # With a leader whose gain dwarfs what is left, it is promoted at once.
+    assert not try_first(lead_gain=0.4, challenger_gain=0.05)
