@@ -25,6 +25,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 
 from spectune.diagnose import Diagnosis
 
@@ -102,7 +103,7 @@ def _speedup_plot(d: Diagnosis, path: Path, choice: Choice | None = None) -> Non
     plt.close(fig)
 
 
-def _choice_curve(ax: plt.Axes, choice: Choice) -> None:
+def _choice_curve(ax: Axes, choice: Choice) -> None:
     """The objective's measured gain per k, and the chosen k, on the speedup plot."""
     by_k = {0: 1.0, **{k: g for k, g in choice.measured_gain_by_k.items() if math.isfinite(g)}}
     ks = sorted(by_k)
