@@ -46,6 +46,7 @@ __all__ = [
     "Memory",
     "StatusInputs",
     "acceptance_of",
+    "applied_speedup",
     "build_status",
     "load_memory",
     "merge_conditions",
@@ -222,6 +223,27 @@ def _speedup(ratio: float, minimise: bool) -> float:
     return 1.0 / ratio if minimise else ratio
 
 
+def applied_speedup(decision: Decision | None, applied: Arm, minimise: bool) -> float | None:
+    """The applied arm's measured gain on the objective against ``off`` (``SPEEDUP``).
+
+    Read from the decision's estimates, which are objective values of every arm on one
+    scale (ratios to the incumbent), and only where both the applied arm and ``off`` were
+    measured: a gain shown as the target's own must not be a prediction (the
+    recommendation's ``expectedSpeedup`` is that). ``off`` applied is 1 by definition.
+    """
+    if applied.drafter is None:
+        return 1.0
+    if decision is None:
+        return None
+    mine, off = decision.estimates.get(applied.name), decision.estimates.get("off")
+    if mine is None or off is None or not (mine.measured and off.measured):
+        return None
+    if not (mine.value > 0 and off.value > 0):
+        return None
+    s = _speedup(mine.value / off.value, minimise)
+    return s if math.isfinite(s) else None
+
+
 def recommendation_of(
     decision: Decision | None, incumbent: Arm, minimise: bool
 ) -> Recommendation | None:
@@ -357,11 +379,16 @@ def build_status(previous: SpecTuningStatus, x: StatusInputs) -> dict[str, Any]:
     s = previous
     updates: dict[str, Any] = {"phase": x.phase, "observed_generation": x.generation}
     if x.applied is not None and x.fingerprint is not None:
+        speedup = applied_speedup(x.decision, x.applied, x.minimise)
+        same = s.applied is not None and s.applied.arm == x.applied.name
+        if x.decision is None and same and s.applied is not None:
+            speedup = s.applied.speedup  # a step that decided nothing keeps the arm's gain
         updates["applied"] = Applied(
             drafter=x.applied.drafter or "off",
             k=x.applied.k,
             arm=x.applied.name,
             fingerprint=x.fingerprint,
+            speedup=speedup,
         )
     rec = x.recommendation
     if rec is None and x.decision is not None and x.applied is not None:
