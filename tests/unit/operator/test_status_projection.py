@@ -185,7 +185,7 @@ def test_speedup_is_the_applied_arms_measured_gain_not_the_recommendations() -> 
                 decision=decision,
                 applied=arm,
                 fingerprint="f",
-            ),  # fmt: skip
+            ),
         )
         return parse_status(doc)
 
@@ -215,7 +215,7 @@ def test_speedup_is_the_applied_arms_measured_gain_not_the_recommendations() -> 
             applied=applied,
             fingerprint="f",
             minimise=False,
-        ),  # fmt: skip
+        ),
     )
     assert math.isclose(tput["applied"]["speedup"], 0.65)
 
