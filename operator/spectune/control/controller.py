@@ -463,7 +463,9 @@ class Controller:
         """
         d = self.policy.decide(self._context(dep), self.history)
         if d.kind is DecisionKind.PROMOTE and d.arm is not None and d.arm != dep.incumbent:
-            self._end_running(Outcome.MEASURED, "promoted; the load moved")
+            self._end_running(
+                Outcome.MEASURED, f"{d.arm.name} promoted before the load move re-opened it", d
+            )
             await self.actuator.stop_canary()
             await self.actuator.promote(d.arm)
             self.history = self.history.promoted(d.arm.name)
@@ -511,15 +513,49 @@ class Controller:
             f"{b0:.1f} → {b1:.1f} per pod) while exploring"
         )
 
-    def _end_running(self, outcome: Outcome, reason: str) -> None:
+    def _end_running(self, outcome: Outcome, reason: str, d: Decision | None = None) -> None:
+        """End the running trial; with the decision that ends it, its reason opens with what
+        the trial measured (:meth:`_trial_finding`), so each trial's reason describes it."""
         running = self._running()
         if running is not None:
+            if d is not None:
+                reason = f"{self._trial_finding(running, d)}; {reason}"
             self.history = self.history.update_last(running.ended(outcome, reason))
+
+    def _trial_finding(self, t: TrialRecord, d: Decision) -> str:
+        """What trial ``t`` measured: its arm against its incumbent on the objective.
+
+        The deciding policy's estimates when it has measured the arm (ratios to the
+        incumbent on one scale, with their 95 % interval), else the mean of the trial's own
+        paired windows; a trial with no window says so.
+        """
+        metric = self.objective.metric.value
+        n = len(t.windows)
+        over = f"over {n} window{'s' if n != 1 else ''}"
+        est, inc = d.estimates.get(t.arm), d.estimates.get(t.incumbent)
+        if est is not None and est.measured and inc is not None and inc.value > 0:
+            return (
+                f"{t.arm} measured at {est.value / inc.value:.2f}× the incumbent "
+                f"{t.incumbent}'s {metric} [{est.low / inc.value:.2f}, "
+                f"{est.high / inc.value:.2f}] {over}"
+            )
+        pairs = [
+            w.canary.objective / w.incumbent.objective
+            for w in t.windows
+            if w.canary is not None
+            and w.incumbent is not None
+            and w.incumbent.objective > 0
+            and math.isfinite(w.canary.objective / w.incumbent.objective)
+        ]
+        if not pairs:
+            return f"{t.arm}: no window measured against {t.incumbent}"
+        ratio = sum(pairs) / len(pairs)
+        return f"{t.arm} measured at {ratio:.2f}× the incumbent {t.incumbent}'s {metric} {over}"
 
     async def _act(self, d: Decision, dep: Deployment) -> None:
         running = self._running()
         if running is not None and d.end_running is not None:
-            self._end_running(d.end_running, d.reason)
+            self._end_running(d.end_running, d.reason, d)
             if d.end_running is Outcome.ABORTED:
                 self._event("TrialAborted", f"{running.arm}: {d.reason}")
             running = None
@@ -527,7 +563,7 @@ class Controller:
             if running is not None and running.arm == d.arm.name:
                 return  # keep measuring the same trial next step
             if running is not None:
-                self._end_running(Outcome.MEASURED, "next arm chosen")
+                self._end_running(Outcome.MEASURED, f"the next arm, {d.arm.name}, chosen", d)
             trial = TrialRecord(
                 arm=d.arm.name,
                 incumbent=dep.incumbent.name,
@@ -541,7 +577,7 @@ class Controller:
         elif d.kind is DecisionKind.PROMOTE and d.arm is not None and not d.final:
             # Promote a clear winner and keep searching against it.
             if running is not None:
-                self._end_running(Outcome.MEASURED, "promoted; the search goes on")
+                self._end_running(Outcome.MEASURED, f"{d.arm.name} promoted; the search goes on", d)
             await self.actuator.stop_canary()
             if d.arm.name != dep.incumbent.name:
                 await self.actuator.promote(d.arm)
@@ -550,7 +586,7 @@ class Controller:
                 self._begin_verification(d.arm, dep.incumbent)
         elif d.kind is DecisionKind.PROMOTE and d.arm is not None:
             if running is not None:
-                self._end_running(Outcome.MEASURED, "search finished")
+                self._end_running(Outcome.MEASURED, f"the search ended on {d.arm.name}", d)
             await self.actuator.stop_canary()
             if d.arm.name != dep.incumbent.name:
                 await self.actuator.promote(d.arm)
@@ -570,6 +606,10 @@ class Controller:
             )
             if confirmed:
                 self._event("Converged", f"{d.arm.name} kept: {d.reason}")
+            elif d.arm.name == dep.incumbent.name:
+                # Nothing is patched: the target already runs it (the search kept its
+                # incumbent), so "Promoted" would announce a change that did not happen.
+                self._event("Converged", f"{d.arm.name} kept (the target runs it): {d.reason}")
             else:
                 self._event("Promoted", f"{d.arm.name}: {d.reason}")
             if d.arm.name != dep.incumbent.name:
