@@ -495,6 +495,9 @@ class TuningLoop:
         self._built: _Built | None = None
         self._failures = 0
         self._paused = False
+        self._adoption: tuple[Recommendation, object] | None = None
+        """After an adopted hand edit: the recommendation that says so, shown until the
+        controller decides anew (the decision it held at the adoption)."""
         self._canary_sources: dict[str, WindowedSource] = {}
         self._denied: str | None = None
         self._missing: str | None = None
@@ -1252,6 +1255,7 @@ class TuningLoop:
         if ANNOTATION_FINGERPRINT not in annotations:
             await kube.adopt(target)
             self._paused = False
+            await self._adopted(b, spec, target)
         elif human_edit(target, container, engine):
             await self._pause(b, target)
             return
@@ -1289,6 +1293,7 @@ class TuningLoop:
                     memory=self._memory(),
                     applied=incumbent,
                     fingerprint=self._fingerprint(spec, incumbent),
+                    recommendation=self._adoption_note(c),
                 )
             )
         b.controller.hold_trials = self._failures > 0  # outage: never start a trial
@@ -1328,6 +1333,7 @@ class TuningLoop:
                 applied=applied,
                 fingerprint=self._fingerprint(spec, applied),
                 decision=c.last_decision,
+                recommendation=self._adoption_note(c),
                 minimise=c.objective.metric.minimise,
                 acceptance=self._acceptance(b, applied),
                 findings=self._findings(b, applied),
@@ -1336,6 +1342,49 @@ class TuningLoop:
                 engine=b.engine,
             )
         )
+
+    async def _adopted(self, b: _Built, spec: SpecTuningSpec, target: Obj) -> None:
+        """After the fingerprint annotation was removed to adopt a hand edit: say so, and
+        search again from the adopted setting.
+
+        The edit is the user's decision, so the adopted arm becomes the incumbent and the
+        floor (the setting the search must not leave the target below) and the search
+        re-opens from it; the search's earlier evidence was gathered against the arm the
+        user replaced. An event and the recommendation say so until the search decides
+        anew. Adopting the arm spectune applied (the annotation removed, nothing edited)
+        changes nothing.
+        """
+        applied = self._status.applied
+        container, engine = spec.target_ref.container, b.engine.value
+        now_arm = arm_from_spec(current_spec(target, container, engine), drafters_of(spec))
+        if applied is None or applied.arm == now_arm.name:
+            return
+        why = (
+            f"the hand-edited setting {now_arm.name} was adopted "
+            f"(spectune had applied {applied.arm})"
+        )
+        self._emit("Normal", "EditAdopted", f"{why}; the search re-opens from it")
+        c = b.controller
+        held = c.last_decision
+        c.state = replace(c.state, floor_arm=None)  # the next step floors at the adopted arm
+        await c._retune(why)
+        rec = Recommendation(
+            arm=now_arm.name,
+            drafter=now_arm.drafter or "off",
+            k=now_arm.k,
+            reason=f"{why}; searching again from it",
+        )
+        self._adoption = (rec, held)
+
+    def _adoption_note(self, c: Controller) -> Recommendation | None:
+        """The adoption's recommendation while the controller has not decided since."""
+        if self._adoption is None:
+            return None
+        rec, held = self._adoption
+        if c.last_decision is not held:
+            self._adoption = None
+            return None
+        return rec
 
     @staticmethod
     def _fingerprint(spec: SpecTuningSpec, applied: Arm | None) -> str | None:
