@@ -105,6 +105,15 @@ class ControllerConfig:
     """Windows of the target on a newly promoted arm compared with its predecessor's
     before the promotion counts as verified (``search.verifyWindows``; 0: never verify)."""
     seed: int = 0
+    time_scale: float = 1.0
+    """Pods' seconds per second of this controller's clock (``SPECTUNE_TIME_SCALE`` against a
+    time-scaled simulator; 1 in production). Only what the controller reports is converted,
+    so rates read in the pods' own units; its decisions compare loads as ratios, which the
+    scale does not change."""
+
+    def in_pod_units(self, rate: float) -> float:
+        """A rate per controller second in the pods' own units (per pod second)."""
+        return rate / self.time_scale
 
 
 @dataclass(frozen=True)
@@ -508,6 +517,7 @@ class Controller:
         sustained = len(windows) >= 3 and moves[0] != 0 and moves[0] == moves[1]
         if not (large or sustained):
             return None
+        before, now = self.config.in_pod_units(before), self.config.in_pod_units(now)
         return (
             f"offered load moved from {before:.2f} to {now:.2f} requests/s (running batch "
             f"{b0:.1f} → {b1:.1f} per pod) while exploring"
@@ -686,9 +696,12 @@ class Controller:
             )
             judged = judged or verdict.judged
             if verdict.why is not None:
+                rate, ref = (
+                    self.config.in_pod_units(r) for r in (target.rate, verdict.reference_rate)
+                )
                 why = (
-                    f"{arm} on the target, {target.rate:.2f} requests/s per pod, against "
-                    f"{back} before it at {verdict.reference_rate:.2f}: {verdict.why}"
+                    f"{arm} on the target, {rate:.2f} requests/s per pod, against "
+                    f"{back} before it at {ref:.2f}: {verdict.why}"
                 )
                 await self._roll_back(dep, why, reason, infeasible=False, to=back)
                 return True
@@ -832,6 +845,7 @@ class Controller:
         large = _moved(ref_w, w, cfg.load_shift**2, shared) != 0
         if now - since >= 2 * cfg.window_s or full or large:
             (before, b0), (rate, b1) = _load(ref_w, shared), _load(w, shared)
+            before, rate = cfg.in_pod_units(before), cfg.in_pod_units(rate)
             why = (
                 f"offered load moved from {before:.2f} to {rate:.2f} requests/s (running "
                 f"batch {b0:.1f} → {b1:.1f} per pod)"

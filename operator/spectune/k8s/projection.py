@@ -174,24 +174,28 @@ def _mean(values: Iterable[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def trials_of(history: History, restarts: Mapping[float, int] | None = None) -> tuple[Trial, ...]:
+def trials_of(
+    history: History, restarts: Mapping[float, int] | None = None, time_scale: float = 1.0
+) -> tuple[Trial, ...]:
     """The latest trials (at most :data:`MAX_TRIALS_IN_STATUS`), oldest first; ``restarts``
-    names the switchback trials (``Memory.restarts``)."""
+    names the switchback trials (``Memory.restarts``); rates are per pod second under
+    ``time_scale`` (pods' seconds per second of the history's clock)."""
     out = []
     for t in history.trials[-MAX_TRIALS_IN_STATUS:]:
-        out.append(_trial(t, (restarts or {}).get(t.started_s)))
+        out.append(_trial(t, (restarts or {}).get(t.started_s), time_scale))
     return tuple(out)
 
 
-def _per_pod_rate(w: WindowRecord, stats: WindowStats | None) -> float:
-    """Requests ``stats``' group finished per pod per second over window ``w`` (NaN unknown)."""
-    span = w.end_s - w.start_s
+def _per_pod_rate(w: WindowRecord, stats: WindowStats | None, time_scale: float = 1.0) -> float:
+    """Requests ``stats``' group finished per pod per (pod) second over window ``w`` (NaN
+    unknown); the window's span is on the history's clock, ``time_scale`` pods' seconds each."""
+    span = (w.end_s - w.start_s) * time_scale
     if stats is None or not stats.pods or not span > 0 or not math.isfinite(stats.requests):
         return math.nan
     return stats.requests / stats.pods / span
 
 
-def _trial(t: TrialRecord, restarts: int | None = None) -> Trial:
+def _trial(t: TrialRecord, restarts: int | None = None, time_scale: float = 1.0) -> Trial:
     ws = t.windows
     can = _mean(w.canary.objective for w in ws if w.canary is not None)
     inc = _mean(w.incumbent.objective for w in ws if w.incumbent is not None)
@@ -204,8 +208,8 @@ def _trial(t: TrialRecord, restarts: int | None = None) -> Trial:
         incumbent=t.incumbent or None,
         canary_objective=can,
         incumbent_objective=inc,
-        canary_load_per_pod=_mean(_per_pod_rate(w, w.canary) for w in ws),
-        incumbent_load_per_pod=_mean(_per_pod_rate(w, w.incumbent) for w in ws),
+        canary_load_per_pod=_mean(_per_pod_rate(w, w.canary, time_scale) for w in ws),
+        incumbent_load_per_pod=_mean(_per_pod_rate(w, w.incumbent, time_scale) for w in ws),
         canary_batch=_mean(w.canary.running for w in ws if w.canary is not None),
         incumbent_batch=_mean(w.incumbent.running for w in ws if w.incumbent is not None),
         load_ratio=_mean(ratios),
@@ -368,6 +372,9 @@ class StatusInputs:
     model_version: str | None = None
     routes: str | None = None
     engine: Engine | None = None
+    time_scale: float = 1.0
+    """Pods' seconds per second of the loop's clock (``SPECTUNE_TIME_SCALE``): the trials'
+    rates are shown in the pods' own units."""
 
 
 def build_status(previous: SpecTuningStatus, x: StatusInputs) -> dict[str, Any]:
@@ -400,7 +407,7 @@ def build_status(previous: SpecTuningStatus, x: StatusInputs) -> dict[str, Any]:
     if x.findings is not None:
         updates["diagnosis"] = x.findings[:16]
     if x.memory is not None:
-        updates["trials"] = trials_of(x.memory.history, x.memory.restarts)
+        updates["trials"] = trials_of(x.memory.history, x.memory.restarts, x.time_scale)
         updates["history"] = x.memory.to_json()
     if x.model_version is not None:
         updates["observed_model_version"] = x.model_version

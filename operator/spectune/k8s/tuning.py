@@ -545,7 +545,7 @@ class TuningLoop:
           write held back is folded into the next one and sent at the next look (a poll
           while waiting, or while a window runs), so nothing is lost, only later.
         """
-        self._unwritten.append(inputs)
+        self._unwritten.append(replace(inputs, time_scale=self._settings.time_scale))
         doc = self._fold()
         self._status = parse_status(doc)
         self._report(inputs.phase)
@@ -1092,6 +1092,7 @@ class TuningLoop:
             poll_s=s.poll_s,
             ready_timeout_s=s.scaled(s.ready_timeout_s),
             assumed_draft_cost=s.draft_cost,
+            time_scale=s.time_scale,
         )
         if prior is not None:
             memory = Memory(
@@ -1351,10 +1352,12 @@ class TuningLoop:
         floor (the setting the search must not leave the target below) and the search
         re-opens from it; the search's earlier evidence was gathered against the arm the
         user replaced. An event and the recommendation say so until the search decides
-        anew. Adopting the arm spectune applied (the annotation removed, nothing edited)
-        changes nothing.
+        anew. Adopting the arm spectune applied (the annotation removed, nothing edited), or a
+        target that was missing and is back (that is ``TargetFound``), is no adopted edit.
         """
         applied = self._status.applied
+        if self._missing is not None:
+            return  # a Deployment created anew: TargetFound re-opens it if its setting differs
         container, engine = spec.target_ref.container, b.engine.value
         now_arm = arm_from_spec(current_spec(target, container, engine), drafters_of(spec))
         if applied is None or applied.arm == now_arm.name:
@@ -1469,8 +1472,10 @@ class TuningLoop:
         obs = b.metrics.of(applied)
         if obs is None:
             return None
-        return acceptance_of(
-            window_stats(obs, b.controller.objective), obs.window_s or b.controller.config.window_s
+        cfg = b.controller.config
+        return acceptance_of(  # the window in the pods' own seconds, as the spec gives it
+            window_stats(obs, b.controller.objective),
+            (obs.window_s or cfg.window_s) * cfg.time_scale,
         )
 
     def _findings(self, b: _Built, applied: Arm | None) -> Any:
