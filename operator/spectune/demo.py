@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import math
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,9 @@ def demo_command(ns: argparse.Namespace) -> int:
             return math.nan
         return metric_value(run.requests, metric, start, duration)
 
+    if final.drafter:  # the report's curve: every k of the chosen drafter, simulated at once
+        max_k = next(d.max_k for d in scenario.drafters if d.name == final.drafter)
+        oracle.runs([f"{final.drafter}/{k}" for k in range(1, max_k + 1)])
     values = {name: value(name) for name in dict.fromkeys((final.name, initial.name, OFF.name))}
     run_value = metric_value(
         RequestTable.from_records(stage.fleet.records(start, duration)), metric, start, duration
@@ -136,7 +140,11 @@ def demo_command(ns: argparse.Namespace) -> int:
             {"at_s": round(e.at_s), "reason": e.reason, "message": e.message} for e in events
         ],
     }
-    report = _write_plots(scenario, seed, final, Path(ns.out)) if final.drafter else []
+    report = (
+        _write_plots(scenario, seed, _choice(scenario, final, metric, value), Path(ns.out))
+        if final.drafter
+        else []
+    )
     outcome["report"] = [str(p) for p in report]
     if ns.json:
         print(json.dumps(outcome))
@@ -171,11 +179,39 @@ def _round(x: float) -> float | None:
     return None if math.isnan(x) else round(x, 6)
 
 
-def _write_plots(scenario: Any, seed: int, arm: Any, out: Path) -> list[Path]:
+def _choice(scenario: Any, final: Any, metric: Any, value: Callable[[str], float]) -> Any:
+    """What the search chose, with its drafter's objective gain over off at every k.
+
+    ``value`` is the objective over the last phase from the oracle's static run of an arm
+    (the numbers the final line prints), so the report's curve and the trail agree.
+    """
+    from spectune.report import Choice
+    from spectune.search.arms import OFF
+
+    off = value(OFF.name)
+
+    def gain(arm: str) -> float:
+        v = value(arm)
+        return off / v if metric.minimise else v / off
+
+    max_k = next(d.max_k for d in scenario.drafters if d.name == final.drafter)
+    fixed = final.schedule is None
+    return Choice(
+        arm=final.name,
+        k=final.k if fixed else None,
+        objective=metric.value,
+        gain_over_off=gain(final.name),
+        measured_gain_by_k={k: gain(f"{final.drafter}/{k}") for k in range(1, max_k + 1)},
+        source="static runs of each arm on the demo's traffic, over its last phase",
+    )
+
+
+def _write_plots(scenario: Any, seed: int, choice: Any, out: Path) -> list[Path]:
     """Diagnose the chosen drafter against off on the same traffic and write the report.
 
     The drafter runs at its largest k, so the per-position curve and the predicted speedup
-    cover every k it may use (per-token means; the search itself ranks by the objective).
+    cover every k it may use (per-token means); ``choice`` (:func:`_choice`) puts the
+    search's arm and its objective first (``spectune.report``).
     """
     from spectune.diagnose import diagnose
     from spectune.metrics import observation_from_pages, parse_page
@@ -191,7 +227,8 @@ def _write_plots(scenario: Any, seed: int, arm: Any, out: Path) -> list[Path]:
         after = [parse_page(fleet.metrics_text(i), f"pod-{i}") for i in range(fleet.size)]
         return observation_from_pages(before, after, 600.0)
 
-    from spectune.search.arms import Arm
+    from spectune.search.arms import Arm, parse_arm
 
-    widest = Arm(arm.drafter, next(d.max_k for d in scenario.drafters if d.name == arm.drafter))
-    return write_report(diagnose(observe(widest), observe(OFF)), out)
+    drafter = parse_arm(choice.arm).drafter
+    widest = Arm(drafter, next(d.max_k for d in scenario.drafters if d.name == drafter))
+    return write_report(diagnose(observe(widest), observe(OFF)), out, choice)

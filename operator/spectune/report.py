@@ -1,24 +1,53 @@
 """``spectune report``: PNG plots and an HTML page of a diagnosis.
 
-Called by the CLI (and by ``spectune demo`` later). Two plots: the per-position
-acceptance curve with interval bars, and the predicted speedup against k with the optimum
-marked. matplotlib runs headless (Agg); nothing is shown on screen.
+Called by ``spectune report`` and by ``spectune demo``. Two plots: the per-position
+acceptance curve with interval bars, and the predicted speedup against k with the model's
+optimum marked. matplotlib runs headless (Agg); nothing is shown on screen.
+
+The diagnosis predicts a *mean* per-token speedup from acceptance and draft cost; a search
+ranks arms by the SpecTuning's objective (a p95, a throughput), which can favour another k
+(the tail of the per-token latency grows with k faster than its mean). When a search's
+:class:`Choice` is given (``spectune demo``), the page leads with the arm it chose and what
+it measured on its objective, the speedup plot draws that measured curve beside the model's,
+and the model's best k is named as the mean's, so the page and the search tell one story.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 
 from spectune.diagnose import Diagnosis
 
-__all__ = ["write_report"]
+__all__ = ["Choice", "write_report"]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The arm a search chose and what it measured on its objective.
+
+    ``gain_over_off`` and ``measured_gain_by_k`` are the objective's gain over speculation
+    off (off's p95 / the arm's for a latency, the arm's / off's for a throughput), from
+    static runs of each arm on the same traffic (``source`` says which).
+    """
+
+    arm: str
+    k: int | None
+    """The chosen draft length; None for off or a per-batch-size schedule."""
+    objective: str
+    gain_over_off: float
+    measured_gain_by_k: Mapping[int, float] = field(default_factory=dict)
+    source: str = ""
 
 
 def _acceptance_plot(d: Diagnosis, path: Path) -> None:
@@ -44,26 +73,29 @@ def _acceptance_plot(d: Diagnosis, path: Path) -> None:
     plt.close(fig)
 
 
-def _speedup_plot(d: Diagnosis, path: Path) -> None:
+def _speedup_plot(d: Diagnosis, path: Path, choice: Choice | None = None) -> None:
     ks = [r.k for r in d.prediction]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
     if all(r.speedup is not None for r in d.prediction):
         sp = [float(r.speedup or 0.0) for r in d.prediction]
-        ax.plot(ks, sp, "o-", label="predicted speedup")
+        mean = " (mean per token)" if choice is not None else ""
+        ax.plot(ks, sp, "o-", label=f"predicted speedup{mean}")
         ax.axhline(1.0, color="grey", lw=1, ls=":")
         if d.best_k is not None:
             ax.plot([d.best_k], [sp[d.best_k]], "*", ms=16, color="tab:green",
-                    label=f"best k = {d.best_k}")  # fmt: skip
-        if d.current_k < len(sp):
+                    label=f"model's best k = {d.best_k}{mean}")  # fmt: skip
+        if choice is None and d.current_k < len(sp):
             ax.plot([d.current_k], [sp[d.current_k]], "s", ms=9, mfc="none", color="tab:red",
                     label=f"current k = {d.current_k}")  # fmt: skip
+        if choice is not None:
+            _choice_curve(ax, choice)
         ax.set_ylabel("speedup over no speculation")
     else:
         ax.plot(ks, [r.expected_tokens for r in d.prediction], "o-", label="tokens per pass")
         ax.set_ylabel("expected tokens per pass (draft cost unknown)")
     ax.set_xlabel("draft length k (0 = off)")
     ax.set_xticks(ks)
-    ax.set_title("Predicted speedup against k")
+    ax.set_title("Speedup against k" + (": predicted mean, measured objective" if choice else ""))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -71,13 +103,70 @@ def _speedup_plot(d: Diagnosis, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(d: Diagnosis, out: Path) -> list[Path]:
-    """Write the plots, ``diagnosis.json`` and ``index.html`` into ``out``; return the paths."""
+def _choice_curve(ax: Axes, choice: Choice) -> None:
+    """The objective's measured gain per k, and the chosen k, on the speedup plot."""
+    by_k = {0: 1.0, **{k: g for k, g in choice.measured_gain_by_k.items() if math.isfinite(g)}}
+    ks = sorted(by_k)
+    ax.plot(ks, [by_k[k] for k in ks], "s-", color="tab:purple",
+            label=f"{choice.objective} gain over off, measured")  # fmt: skip
+    if choice.k is not None and math.isfinite(choice.gain_over_off):
+        ax.plot([choice.k], [choice.gain_over_off], "D", ms=11, mfc="none", color="tab:red",
+                label=f"chosen: {choice.arm}")  # fmt: skip
+
+
+def _choice_html(d: Diagnosis, choice: Choice) -> str:
+    """The page's lead: the search's choice on its objective, the measured best k, the model's."""
+    gain = choice.gain_over_off
+    obj = html.escape(choice.objective)
+    lead = (
+        f"<p><b>Chosen: {html.escape(choice.arm)}</b> on the objective <b>{obj}</b>"
+        + (f", {gain:.2f}&times; better than speculation off" if math.isfinite(gain) else "")
+        + (f" ({html.escape(choice.source)})" if choice.source else "")
+        + ".</p>"
+    )
+    measured = {k: g for k, g in choice.measured_gain_by_k.items() if math.isfinite(g)}
+    if not measured or choice.k is None:
+        return lead
+    top = max(measured, key=lambda k: measured[k])
+    if top == choice.k:
+        lead += f"<p>Measured, k = {top} is this drafter's best k on {obj} (purple curve).</p>"
+    elif math.isfinite(gain) and gain > 0:
+        lead += (
+            f"<p>Measured, k = {top} is this drafter's best k on {obj} ({measured[top]:.2f}&times;,"
+            f" {100 * (measured[top] / gain - 1):.1f} % better than the chosen k = {choice.k}; "
+            "purple curve).</p>"
+        )
+    if d.best_k is not None and d.best_k != top:
+        lead += (
+            f"<p>The diagnosis below predicts the <i>mean</i> per-token speedup from acceptance "
+            f"and draft cost; its best k is {d.best_k}. {obj} is read from the latency "
+            "distribution, whose tail grows with k faster than its mean, so the measured "
+            "curve ranks the draft lengths for this objective.</p>"
+        )
+    return lead
+
+
+def write_report(d: Diagnosis, out: Path, choice: Choice | None = None) -> list[Path]:
+    """Write the plots, ``diagnosis.json`` and ``index.html`` into ``out``; return the paths.
+
+    With ``choice``, the page describes that arm on its objective first (module docstring).
+    """
     out.mkdir(parents=True, exist_ok=True)
     acc_png, sp_png = out / "acceptance.png", out / "speedup.png"
     _acceptance_plot(d, acc_png)
-    _speedup_plot(d, sp_png)
+    _speedup_plot(d, sp_png, choice)
     doc = d.to_json()
+    if choice is not None:
+        doc["chosen"] = {
+            "arm": choice.arm,
+            "k": choice.k,
+            "objective": choice.objective,
+            "gain_over_off": choice.gain_over_off if math.isfinite(choice.gain_over_off) else None,
+            "measured_gain_by_k": {
+                str(k): g for k, g in choice.measured_gain_by_k.items() if math.isfinite(g)
+            },
+            "source": choice.source,
+        }
     (out / "diagnosis.json").write_text(json.dumps(doc, indent=2) + "\n")
     rows = "".join(
         f"<tr><td>{html.escape(f['code'])}</td><td>{html.escape(f['message'])}</td>"
@@ -85,6 +174,16 @@ def write_report(d: Diagnosis, out: Path) -> list[Path]:
         for f in doc["findings"]
     )
     cost = doc["draft_cost"]
+    best_k = (
+        f"Best k by the mean per-token model = {doc['best_k']}"
+        if choice is not None
+        else f"Best k = {doc['best_k']}"
+    )
+    at_k = (
+        f"diagnosed at k = {d.current_k} (the drafter's largest: one window prices every k)"
+        if choice is not None
+        else f"current k = {d.current_k}"
+    )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>spectune report</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}
@@ -92,10 +191,11 @@ td,th{{border:1px solid #ccc;padding:.3em .6em;vertical-align:top}}
 table{{border-collapse:collapse}}</style>
 </head><body>
 <h1>spectune report</h1>
-<p>Engine <b>{html.escape(doc["engine"])}</b>, {len(doc["pods"])} pod(s), current k = {d.current_k}.
+{_choice_html(d, choice) if choice is not None else ""}
+<p>Engine <b>{html.escape(doc["engine"])}</b>, {len(doc["pods"])} pod(s), {at_k}.
 Acceptance rate {d.acceptance.rate:.3f}, mean accepted length
 {d.acceptance.mean_accepted_length:.2f} tokens per pass.
-Draft cost c = {cost["value"]} ({html.escape(cost["source"])}). Best k = {doc["best_k"]}.</p>
+Draft cost c = {cost["value"]} ({html.escape(cost["source"])}). {best_k}.</p>
 <h2>Acceptance by position</h2><img src="acceptance.png" alt="per-position acceptance">
 <h2>Predicted speedup</h2><img src="speedup.png" alt="predicted speedup against k">
 <h2>Findings</h2><table><tr><th>code</th><th>what</th><th>do</th></tr>{rows}</table>

@@ -19,7 +19,9 @@ variable                        meaning
 ``SPECTUNE_METRICS_FAILURES``   consecutive failed windows during a trial before it ends
 ``SPECTUNE_TIME_SCALE``         divides every duration of a spec (window, drift ``for``,
                                 ``every``) and the readiness timeout: for demos and tests
-                                against a time-scaled simulator; 1 in production
+                                against a time-scaled simulator; 1 in production. Rates
+                                and windows in the status and events stay in the pods'
+                                own units (per simulated second)
 ``SPECTUNE_READY_TIMEOUT_SECONDS``  a canary not ready after this long is infeasible, seconds
 ``SPECTUNE_DRAFT_COST``         draft cost ``c`` assumed by ``mode: recommend``, by the
                                 status diagnosis and by the search until it has measured

@@ -52,8 +52,8 @@ _PRINTER_COLUMNS = [
     (
         "Speedup",
         "number",
-        ".status.recommendation.expectedSpeedup",
-        "Expected speedup of the recommendation against speculation off",
+        ".status.applied.speedup",
+        "The applied arm's measured gain on the objective against speculation off",
     ),
     ("Age", "date", ".metadata.creationTimestamp", ""),
 ]
@@ -64,6 +64,12 @@ _WIDE_COLUMNS = [
         "string",
         '.status.conditions[?(@.type=="LoadMatched")].reason',
         "Replace when the canary takes the place of target pods, else why it runs beside",
+    ),
+    (
+        "Expected",
+        "number",
+        ".status.recommendation.expectedSpeedup",
+        "The recommendation's expected speedup against speculation off",
     ),
     (
         "LoadRatio",

@@ -84,6 +84,16 @@ class Applied(ApiModel):
             "target means a human edited it."
         ),
     )
+    speedup: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "The applied arm's measured gain on the SpecTuning's objective against "
+            "speculation off, a ratio (off's p95 / the arm's for a latency, the arm's / "
+            "off's for a throughput; 1.54 = 54 % better; 1 when off is applied). Unset until "
+            "both were measured in this search."
+        ),
+    )
 
 
 class Interval(ApiModel):

@@ -105,6 +105,15 @@ class ControllerConfig:
     """Windows of the target on a newly promoted arm compared with its predecessor's
     before the promotion counts as verified (``search.verifyWindows``; 0: never verify)."""
     seed: int = 0
+    time_scale: float = 1.0
+    """Pods' seconds per second of this controller's clock (``SPECTUNE_TIME_SCALE`` against a
+    time-scaled simulator; 1 in production). Only what the controller reports is converted,
+    so rates read in the pods' own units; its decisions compare loads as ratios, which the
+    scale does not change."""
+
+    def in_pod_units(self, rate: float) -> float:
+        """A rate per controller second in the pods' own units (per pod second)."""
+        return rate / self.time_scale
 
 
 @dataclass(frozen=True)
@@ -463,7 +472,9 @@ class Controller:
         """
         d = self.policy.decide(self._context(dep), self.history)
         if d.kind is DecisionKind.PROMOTE and d.arm is not None and d.arm != dep.incumbent:
-            self._end_running(Outcome.MEASURED, "promoted; the load moved")
+            self._end_running(
+                Outcome.MEASURED, f"{d.arm.name} promoted before the load move re-opened it", d
+            )
             await self.actuator.stop_canary()
             await self.actuator.promote(d.arm)
             self.history = self.history.promoted(d.arm.name)
@@ -506,20 +517,55 @@ class Controller:
         sustained = len(windows) >= 3 and moves[0] != 0 and moves[0] == moves[1]
         if not (large or sustained):
             return None
+        before, now = self.config.in_pod_units(before), self.config.in_pod_units(now)
         return (
             f"offered load moved from {before:.2f} to {now:.2f} requests/s (running batch "
             f"{b0:.1f} → {b1:.1f} per pod) while exploring"
         )
 
-    def _end_running(self, outcome: Outcome, reason: str) -> None:
+    def _end_running(self, outcome: Outcome, reason: str, d: Decision | None = None) -> None:
+        """End the running trial; with the decision that ends it, its reason opens with what
+        the trial measured (:meth:`_trial_finding`), so each trial's reason describes it."""
         running = self._running()
         if running is not None:
+            if d is not None:
+                reason = f"{self._trial_finding(running, d)}; {reason}"
             self.history = self.history.update_last(running.ended(outcome, reason))
+
+    def _trial_finding(self, t: TrialRecord, d: Decision) -> str:
+        """What trial ``t`` measured: its arm against its incumbent on the objective.
+
+        The deciding policy's estimates when it has measured the arm (ratios to the
+        incumbent on one scale, with their 95 % interval), else the mean of the trial's own
+        paired windows; a trial with no window says so.
+        """
+        metric = self.objective.metric.value
+        n = len(t.windows)
+        over = f"over {n} window{'s' if n != 1 else ''}"
+        est, inc = d.estimates.get(t.arm), d.estimates.get(t.incumbent)
+        if est is not None and est.measured and inc is not None and inc.value > 0:
+            return (
+                f"{t.arm} measured at {est.value / inc.value:.2f}× the incumbent "
+                f"{t.incumbent}'s {metric} [{est.low / inc.value:.2f}, "
+                f"{est.high / inc.value:.2f}] {over}"
+            )
+        pairs = [
+            w.canary.objective / w.incumbent.objective
+            for w in t.windows
+            if w.canary is not None
+            and w.incumbent is not None
+            and w.incumbent.objective > 0
+            and math.isfinite(w.canary.objective / w.incumbent.objective)
+        ]
+        if not pairs:
+            return f"{t.arm}: no window measured against {t.incumbent}"
+        ratio = sum(pairs) / len(pairs)
+        return f"{t.arm} measured at {ratio:.2f}× the incumbent {t.incumbent}'s {metric} {over}"
 
     async def _act(self, d: Decision, dep: Deployment) -> None:
         running = self._running()
         if running is not None and d.end_running is not None:
-            self._end_running(d.end_running, d.reason)
+            self._end_running(d.end_running, d.reason, d)
             if d.end_running is Outcome.ABORTED:
                 self._event("TrialAborted", f"{running.arm}: {d.reason}")
             running = None
@@ -527,7 +573,7 @@ class Controller:
             if running is not None and running.arm == d.arm.name:
                 return  # keep measuring the same trial next step
             if running is not None:
-                self._end_running(Outcome.MEASURED, "next arm chosen")
+                self._end_running(Outcome.MEASURED, f"the next arm, {d.arm.name}, chosen", d)
             trial = TrialRecord(
                 arm=d.arm.name,
                 incumbent=dep.incumbent.name,
@@ -541,7 +587,7 @@ class Controller:
         elif d.kind is DecisionKind.PROMOTE and d.arm is not None and not d.final:
             # Promote a clear winner and keep searching against it.
             if running is not None:
-                self._end_running(Outcome.MEASURED, "promoted; the search goes on")
+                self._end_running(Outcome.MEASURED, f"{d.arm.name} promoted; the search goes on", d)
             await self.actuator.stop_canary()
             if d.arm.name != dep.incumbent.name:
                 await self.actuator.promote(d.arm)
@@ -550,7 +596,7 @@ class Controller:
                 self._begin_verification(d.arm, dep.incumbent)
         elif d.kind is DecisionKind.PROMOTE and d.arm is not None:
             if running is not None:
-                self._end_running(Outcome.MEASURED, "search finished")
+                self._end_running(Outcome.MEASURED, f"the search ended on {d.arm.name}", d)
             await self.actuator.stop_canary()
             if d.arm.name != dep.incumbent.name:
                 await self.actuator.promote(d.arm)
@@ -570,6 +616,10 @@ class Controller:
             )
             if confirmed:
                 self._event("Converged", f"{d.arm.name} kept: {d.reason}")
+            elif d.arm.name == dep.incumbent.name:
+                # Nothing is patched: the target already runs it (the search kept its
+                # incumbent), so "Promoted" would announce a change that did not happen.
+                self._event("Converged", f"{d.arm.name} kept (the target runs it): {d.reason}")
             else:
                 self._event("Promoted", f"{d.arm.name}: {d.reason}")
             if d.arm.name != dep.incumbent.name:
@@ -646,9 +696,12 @@ class Controller:
             )
             judged = judged or verdict.judged
             if verdict.why is not None:
+                rate, ref = (
+                    self.config.in_pod_units(r) for r in (target.rate, verdict.reference_rate)
+                )
                 why = (
-                    f"{arm} on the target, {target.rate:.2f} requests/s per pod, against "
-                    f"{back} before it at {verdict.reference_rate:.2f}: {verdict.why}"
+                    f"{arm} on the target, {rate:.2f} requests/s per pod, against "
+                    f"{back} before it at {ref:.2f}: {verdict.why}"
                 )
                 await self._roll_back(dep, why, reason, infeasible=False, to=back)
                 return True
@@ -792,6 +845,7 @@ class Controller:
         large = _moved(ref_w, w, cfg.load_shift**2, shared) != 0
         if now - since >= 2 * cfg.window_s or full or large:
             (before, b0), (rate, b1) = _load(ref_w, shared), _load(w, shared)
+            before, rate = cfg.in_pod_units(before), cfg.in_pod_units(rate)
             why = (
                 f"offered load moved from {before:.2f} to {rate:.2f} requests/s (running "
                 f"batch {b0:.1f} → {b1:.1f} per pod)"

@@ -46,6 +46,7 @@ __all__ = [
     "Memory",
     "StatusInputs",
     "acceptance_of",
+    "applied_speedup",
     "build_status",
     "load_memory",
     "merge_conditions",
@@ -173,24 +174,28 @@ def _mean(values: Iterable[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def trials_of(history: History, restarts: Mapping[float, int] | None = None) -> tuple[Trial, ...]:
+def trials_of(
+    history: History, restarts: Mapping[float, int] | None = None, time_scale: float = 1.0
+) -> tuple[Trial, ...]:
     """The latest trials (at most :data:`MAX_TRIALS_IN_STATUS`), oldest first; ``restarts``
-    names the switchback trials (``Memory.restarts``)."""
+    names the switchback trials (``Memory.restarts``); rates are per pod second under
+    ``time_scale`` (pods' seconds per second of the history's clock)."""
     out = []
     for t in history.trials[-MAX_TRIALS_IN_STATUS:]:
-        out.append(_trial(t, (restarts or {}).get(t.started_s)))
+        out.append(_trial(t, (restarts or {}).get(t.started_s), time_scale))
     return tuple(out)
 
 
-def _per_pod_rate(w: WindowRecord, stats: WindowStats | None) -> float:
-    """Requests ``stats``' group finished per pod per second over window ``w`` (NaN unknown)."""
-    span = w.end_s - w.start_s
+def _per_pod_rate(w: WindowRecord, stats: WindowStats | None, time_scale: float = 1.0) -> float:
+    """Requests ``stats``' group finished per pod per (pod) second over window ``w`` (NaN
+    unknown); the window's span is on the history's clock, ``time_scale`` pods' seconds each."""
+    span = (w.end_s - w.start_s) * time_scale
     if stats is None or not stats.pods or not span > 0 or not math.isfinite(stats.requests):
         return math.nan
     return stats.requests / stats.pods / span
 
 
-def _trial(t: TrialRecord, restarts: int | None = None) -> Trial:
+def _trial(t: TrialRecord, restarts: int | None = None, time_scale: float = 1.0) -> Trial:
     ws = t.windows
     can = _mean(w.canary.objective for w in ws if w.canary is not None)
     inc = _mean(w.incumbent.objective for w in ws if w.incumbent is not None)
@@ -203,8 +208,8 @@ def _trial(t: TrialRecord, restarts: int | None = None) -> Trial:
         incumbent=t.incumbent or None,
         canary_objective=can,
         incumbent_objective=inc,
-        canary_load_per_pod=_mean(_per_pod_rate(w, w.canary) for w in ws),
-        incumbent_load_per_pod=_mean(_per_pod_rate(w, w.incumbent) for w in ws),
+        canary_load_per_pod=_mean(_per_pod_rate(w, w.canary, time_scale) for w in ws),
+        incumbent_load_per_pod=_mean(_per_pod_rate(w, w.incumbent, time_scale) for w in ws),
         canary_batch=_mean(w.canary.running for w in ws if w.canary is not None),
         incumbent_batch=_mean(w.incumbent.running for w in ws if w.incumbent is not None),
         load_ratio=_mean(ratios),
@@ -220,6 +225,27 @@ def _speedup(ratio: float, minimise: bool) -> float:
     if not ratio > 0:
         return math.nan
     return 1.0 / ratio if minimise else ratio
+
+
+def applied_speedup(decision: Decision | None, applied: Arm, minimise: bool) -> float | None:
+    """The applied arm's measured gain on the objective against ``off`` (``SPEEDUP``).
+
+    Read from the decision's estimates, which are objective values of every arm on one
+    scale (ratios to the incumbent), and only where both the applied arm and ``off`` were
+    measured: a gain shown as the target's own must not be a prediction (the
+    recommendation's ``expectedSpeedup`` is that). ``off`` applied is 1 by definition.
+    """
+    if applied.drafter is None:
+        return 1.0
+    if decision is None:
+        return None
+    mine, off = decision.estimates.get(applied.name), decision.estimates.get("off")
+    if mine is None or off is None or not (mine.measured and off.measured):
+        return None
+    if not (mine.value > 0 and off.value > 0):
+        return None
+    s = _speedup(mine.value / off.value, minimise)
+    return s if math.isfinite(s) else None
 
 
 def recommendation_of(
@@ -346,6 +372,9 @@ class StatusInputs:
     model_version: str | None = None
     routes: str | None = None
     engine: Engine | None = None
+    time_scale: float = 1.0
+    """Pods' seconds per second of the loop's clock (``SPECTUNE_TIME_SCALE``): the trials'
+    rates are shown in the pods' own units."""
 
 
 def build_status(previous: SpecTuningStatus, x: StatusInputs) -> dict[str, Any]:
@@ -357,11 +386,16 @@ def build_status(previous: SpecTuningStatus, x: StatusInputs) -> dict[str, Any]:
     s = previous
     updates: dict[str, Any] = {"phase": x.phase, "observed_generation": x.generation}
     if x.applied is not None and x.fingerprint is not None:
+        speedup = applied_speedup(x.decision, x.applied, x.minimise)
+        same = s.applied is not None and s.applied.arm == x.applied.name
+        if x.decision is None and same and s.applied is not None:
+            speedup = s.applied.speedup  # a step that decided nothing keeps the arm's gain
         updates["applied"] = Applied(
             drafter=x.applied.drafter or "off",
             k=x.applied.k,
             arm=x.applied.name,
             fingerprint=x.fingerprint,
+            speedup=speedup,
         )
     rec = x.recommendation
     if rec is None and x.decision is not None and x.applied is not None:
@@ -373,7 +407,7 @@ def build_status(previous: SpecTuningStatus, x: StatusInputs) -> dict[str, Any]:
     if x.findings is not None:
         updates["diagnosis"] = x.findings[:16]
     if x.memory is not None:
-        updates["trials"] = trials_of(x.memory.history, x.memory.restarts)
+        updates["trials"] = trials_of(x.memory.history, x.memory.restarts, x.time_scale)
         updates["history"] = x.memory.to_json()
     if x.model_version is not None:
         updates["observed_model_version"] = x.model_version

@@ -495,6 +495,9 @@ class TuningLoop:
         self._built: _Built | None = None
         self._failures = 0
         self._paused = False
+        self._adoption: tuple[Recommendation, object] | None = None
+        """After an adopted hand edit: the recommendation that says so, shown until the
+        controller decides anew (the decision it held at the adoption)."""
         self._canary_sources: dict[str, WindowedSource] = {}
         self._denied: str | None = None
         self._missing: str | None = None
@@ -542,7 +545,7 @@ class TuningLoop:
           write held back is folded into the next one and sent at the next look (a poll
           while waiting, or while a window runs), so nothing is lost, only later.
         """
-        self._unwritten.append(inputs)
+        self._unwritten.append(replace(inputs, time_scale=self._settings.time_scale))
         doc = self._fold()
         self._status = parse_status(doc)
         self._report(inputs.phase)
@@ -1089,6 +1092,7 @@ class TuningLoop:
             poll_s=s.poll_s,
             ready_timeout_s=s.scaled(s.ready_timeout_s),
             assumed_draft_cost=s.draft_cost,
+            time_scale=s.time_scale,
         )
         if prior is not None:
             memory = Memory(
@@ -1252,6 +1256,7 @@ class TuningLoop:
         if ANNOTATION_FINGERPRINT not in annotations:
             await kube.adopt(target)
             self._paused = False
+            await self._adopted(b, spec, target)
         elif human_edit(target, container, engine):
             await self._pause(b, target)
             return
@@ -1289,6 +1294,7 @@ class TuningLoop:
                     memory=self._memory(),
                     applied=incumbent,
                     fingerprint=self._fingerprint(spec, incumbent),
+                    recommendation=self._adoption_note(c),
                 )
             )
         b.controller.hold_trials = self._failures > 0  # outage: never start a trial
@@ -1328,6 +1334,7 @@ class TuningLoop:
                 applied=applied,
                 fingerprint=self._fingerprint(spec, applied),
                 decision=c.last_decision,
+                recommendation=self._adoption_note(c),
                 minimise=c.objective.metric.minimise,
                 acceptance=self._acceptance(b, applied),
                 findings=self._findings(b, applied),
@@ -1336,6 +1343,51 @@ class TuningLoop:
                 engine=b.engine,
             )
         )
+
+    async def _adopted(self, b: _Built, spec: SpecTuningSpec, target: Obj) -> None:
+        """After the fingerprint annotation was removed to adopt a hand edit: say so, and
+        search again from the adopted setting.
+
+        The edit is the user's decision, so the adopted arm becomes the incumbent and the
+        floor (the setting the search must not leave the target below) and the search
+        re-opens from it; the search's earlier evidence was gathered against the arm the
+        user replaced. An event and the recommendation say so until the search decides
+        anew. Adopting the arm spectune applied (the annotation removed, nothing edited), or a
+        target that was missing and is back (that is ``TargetFound``), is no adopted edit.
+        """
+        applied = self._status.applied
+        if self._missing is not None:
+            return  # a Deployment created anew: TargetFound re-opens it if its setting differs
+        container, engine = spec.target_ref.container, b.engine.value
+        now_arm = arm_from_spec(current_spec(target, container, engine), drafters_of(spec))
+        if applied is None or applied.arm == now_arm.name:
+            return
+        why = (
+            f"the hand-edited setting {now_arm.name} was adopted "
+            f"(spectune had applied {applied.arm})"
+        )
+        self._emit("Normal", "EditAdopted", f"{why}; the search re-opens from it")
+        c = b.controller
+        held = c.last_decision
+        c.state = replace(c.state, floor_arm=None)  # the next step floors at the adopted arm
+        await c._retune(why)
+        rec = Recommendation(
+            arm=now_arm.name,
+            drafter=now_arm.drafter or "off",
+            k=now_arm.k,
+            reason=f"{why}; searching again from it",
+        )
+        self._adoption = (rec, held)
+
+    def _adoption_note(self, c: Controller) -> Recommendation | None:
+        """The adoption's recommendation while the controller has not decided since."""
+        if self._adoption is None:
+            return None
+        rec, held = self._adoption
+        if c.last_decision is not held:
+            self._adoption = None
+            return None
+        return rec
 
     @staticmethod
     def _fingerprint(spec: SpecTuningSpec, applied: Arm | None) -> str | None:
@@ -1420,8 +1472,10 @@ class TuningLoop:
         obs = b.metrics.of(applied)
         if obs is None:
             return None
-        return acceptance_of(
-            window_stats(obs, b.controller.objective), obs.window_s or b.controller.config.window_s
+        cfg = b.controller.config
+        return acceptance_of(  # the window in the pods' own seconds, as the spec gives it
+            window_stats(obs, b.controller.objective),
+            (obs.window_s or cfg.window_s) * cfg.time_scale,
         )
 
     def _findings(self, b: _Built, applied: Arm | None) -> Any:

@@ -119,14 +119,16 @@ def test_resource_names_status_subresource_and_printer_columns() -> None:
         ("DRAFTER", ".status.applied.drafter"),
         ("K", ".status.applied.k"),
         ("ACCEPTANCE", ".status.acceptance.rate"),
-        ("SPEEDUP", ".status.recommendation.expectedSpeedup"),
+        ("SPEEDUP", ".status.applied.speedup"),
         ("AGE", ".metadata.creationTimestamp"),
         ("PLACEMENT", '.status.conditions[?(@.type=="LoadMatched")].reason'),
+        ("EXPECTED", ".status.recommendation.expectedSpeedup"),
         ("LOADRATIO", ".status.trials[-1:].loadRatio"),
     ]
-    # The placement and the load ratio are for `kubectl get spt -o wide` only.
+    # The placement, the recommendation's expected speedup and the load ratio are for
+    # `kubectl get spt -o wide` only.
     wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
-    assert wide == ["Placement", "LoadRatio"]
+    assert wide == ["Placement", "Expected", "LoadRatio"]
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

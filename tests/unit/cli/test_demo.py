@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,12 @@ def test_the_demo_finds_a_speculative_setting_and_shows_its_gain(tmp_path: Path)
         capture_output=True,
         text=True,
         timeout=600,
-        env={"SPECTUNE_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"},
+        env={
+            "SPECTUNE_CACHE_DIR": str(tmp_path / "cache"),
+            "PATH": "/usr/bin:/bin",
+            # the code under test, where a worktree puts it first on the path
+            **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
+        },
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -33,3 +39,13 @@ def test_the_demo_finds_a_speculative_setting_and_shows_its_gain(tmp_path: Path)
     for name in ("acceptance.png", "speedup.png"):
         assert (tmp_path / "r" / name).read_bytes()[:4] == b"\x89PNG"
     assert 'src="speedup.png"' in (tmp_path / "r" / "index.html").read_text()
+    # One story: the report describes the arm the demo chose, on the demo's objective, with
+    # the same gain the trail's last line prints (not the mean model's best k as the answer).
+    report = json.loads((tmp_path / "r" / "diagnosis.json").read_text())
+    chosen = report["chosen"]
+    assert chosen["arm"] == out["final_arm"] and chosen["objective"] == out["objective"]
+    assert abs(chosen["gain_over_off"] - out["gain_over_off"]) < 1e-3
+    assert chosen["measured_gain_by_k"][str(chosen["k"])] == chosen["gain_over_off"]
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert f"Chosen: {out['final_arm']}</b> on the objective <b>{out['objective']}" in page
+    assert f"Best k = {report['best_k']}" not in page

@@ -223,6 +223,38 @@ def test_baseline_trials_promotion_then_monitoring() -> None:
     assert len(fleet.starts) <= 6
 
 
+def test_each_trials_reason_says_what_it_measured_and_what_ended_it() -> None:
+    # The status shows a reason per trial: it describes that trial (its arm against its
+    # incumbent on the objective, from its own windows), then what ended it; never only a
+    # bare "next arm chosen", nor the next decision's reasoning about another arm.
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
+    c, _ = make(fleet, clock)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    measured = [t for t in c.history.trials if t.outcome is Outcome.MEASURED]
+    assert len(measured) >= 2
+    for t in measured:
+        assert t.reason.startswith(f"{t.arm} measured at "), t.reason
+        assert f"× the incumbent {t.incumbent}'s tpotP95" in t.reason, t.reason
+        ratio = float(t.reason.split(" measured at ")[1].split("×")[0])
+        truth = WORLD.tpot(parse_arm(t.arm)) / WORLD.tpot(parse_arm(t.incumbent))
+        assert abs(ratio - truth) < 0.1 * truth, (t.reason, truth)
+        assert t.reason.split("; ", 1)[1]  # then what ended it
+
+
+def test_a_search_that_keeps_the_running_arm_does_not_announce_a_promotion() -> None:
+    # eagle3 at its best k is the incumbent: the search ends on it, nothing is patched, and
+    # no "Promoted" event tells the user that a change was made.
+    clock = FakeClock()
+    best = WORLD.best(SPACE)
+    fleet = FakeFleet(WORLD, clock, best)
+    c, events = make(fleet, clock)
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    assert fleet.incumbent == best and not fleet.promotions
+    assert not [e for e in events if e.reason == "Promoted"], events
+    assert events[-1].reason == "Converged" and events[-1].message.startswith(f"{best.name} kept")
+
+
 def test_a_first_trial_window_prometheus_saw_little_of_is_measured_again_once() -> None:
     # Every canary is first scraped a tenth into its first window and again into the
     # repeat: the first is measured again, the repeat counts (once), later ones as they are.

@@ -163,6 +163,63 @@ def test_recommendation_speedup_is_against_off() -> None:
     assert recommendation_of(trial, OFF, minimise=True).arm == "eagle3/3"  # type: ignore[union-attr]
 
 
+def test_speedup_is_the_applied_arms_measured_gain_not_the_recommendations() -> None:
+    # SPEEDUP (printer column .status.applied.speedup): the target's own arm, measured
+    # against off, on the objective. A better arm still predicted (eagle3/5) moves the
+    # recommendation's expectedSpeedup, never the applied arm's figure.
+    est = {
+        "off": Estimate(1.0, 0.97, 1.03, True),
+        "eagle3/3": Estimate(0.65, 0.62, 0.68, True),
+        "eagle3/5": Estimate(0.50, 0.30, 0.90, False),
+    }
+    d = Decision(DecisionKind.TRIAL, Arm("eagle3", 5), "try k=5", estimates=est)
+    applied = Arm("eagle3", 3)
+
+    def step(prev: SpecTuningStatus, decision: Decision | None, arm: Arm) -> SpecTuningStatus:
+        doc = build_status(
+            prev,
+            StatusInputs(
+                phase=Phase.EXPLORING,
+                generation=1,
+                now=T0,
+                decision=decision,
+                applied=arm,
+                fingerprint="f",
+            ),
+        )
+        return parse_status(doc)
+
+    first = step(SpecTuningStatus(), d, applied)
+    assert first.applied is not None and first.applied.speedup is not None
+    assert math.isclose(first.applied.speedup, 1 / 0.65)
+    rec = first.recommendation
+    assert rec is not None and rec.arm == "eagle3/5" and rec.expected_speedup == 2.0
+    # A step that decided nothing keeps the figure; another arm applied starts unset.
+    kept = step(first, None, applied)
+    assert kept.applied is not None and kept.applied.speedup == first.applied.speedup
+    moved = step(kept, None, Arm("eagle3", 5))
+    assert moved.applied is not None and moved.applied.speedup is None
+    # off never measured: no figure, however good the prediction.
+    unmeasured = {**est, "off": Estimate(1.0, 0.9, 1.1, False)}
+    blind = step(SpecTuningStatus(), replace(d, estimates=unmeasured), applied)
+    assert blind.applied is not None and blind.applied.speedup is None
+    # off applied: 1 by definition; a throughput objective reads the ratio the other way.
+    assert step(SpecTuningStatus(), None, OFF).applied.speedup == 1.0  # type: ignore[union-attr]
+    tput = build_status(
+        SpecTuningStatus(),
+        StatusInputs(
+            phase=Phase.EXPLORING,
+            generation=1,
+            now=T0,
+            decision=d,
+            applied=applied,
+            fingerprint="f",
+            minimise=False,
+        ),
+    )
+    assert math.isclose(tput["applied"]["speedup"], 0.65)
+
+
 def test_conditions_keep_their_transition_time_until_the_status_changes() -> None:
     ok = ConditionUpdate("MetricsAvailable", ConditionStatus.TRUE, "MetricsAnswer", "fine")
     down = ConditionUpdate("MetricsAvailable", ConditionStatus.FALSE, "SourceUnavailable", "x")
@@ -186,7 +243,13 @@ def test_a_step_without_news_keeps_the_previous_recommendation() -> None:
         parse_status(doc), StatusInputs(phase=Phase.MONITORING, generation=1, now=T0)
     )
     assert again["recommendation"] == doc["recommendation"]
-    assert again["applied"] == {"drafter": "off", "k": 0, "arm": "off", "fingerprint": "abc"}
+    assert again["applied"] == {
+        "drafter": "off",
+        "k": 0,
+        "arm": "off",
+        "fingerprint": "abc",
+        "speedup": 1.0,
+    }
 
 
 def test_a_verification_in_progress_survives_a_restart_and_shows_in_phase_and_condition() -> None:

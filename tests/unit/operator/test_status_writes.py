@@ -156,3 +156,37 @@ async def test_an_edit_during_the_step_pauses_and_the_promotion_writes_nothing(
     ready = _condition(world, "Ready")
     assert ready["reason"] == "HumanEdit", ready
     assert "HumanEdit" in world.reasons()
+
+
+async def test_an_adopted_hand_edit_is_announced_and_searched_from(world: FakeWorld) -> None:
+    """A hand edit pauses the loop; removing the fingerprint annotation adopts it. The
+    adoption is an event, the recommendation names the adopted arm and says why, and the
+    search re-opens from it (a new epoch, Baseline) instead of carrying on as if spectune's
+    own arm still ran."""
+    import json
+
+    from tests.unit.operator.fakes import EAGLE
+
+    world.failing = True
+    loop = _loop(world, _body())
+    await loop.turn()  # builds, adopts the target as found (off), one failed window
+    assert world.status["applied"]["arm"] == "off"
+    assert "EditAdopted" not in world.reasons()  # adopting what spectune saw is no news
+    config = json.dumps({"method": "eagle3", "model": EAGLE, "num_speculative_tokens": 2})
+    world.target["spec"]["template"]["spec"]["containers"][0]["args"] = [  # type: ignore[index]
+        "serve", MODEL, "--speculative-config", config,
+    ]  # fmt: skip
+    await loop.turn()
+    assert _condition(world, "Ready")["reason"] == "HumanEdit"
+    built = loop._built
+    assert built is not None
+    epoch = built.controller.history.epoch
+    del world.target["metadata"]["annotations"][tuning.ANNOTATION_FINGERPRINT]  # type: ignore[index]
+    await loop.turn()
+    adopted = [m for _, r, m in world.events if r == "EditAdopted"]
+    assert adopted and "eagle3/2 was adopted (spectune had applied off)" in adopted[0], adopted
+    rec = world.status["recommendation"]
+    assert rec["arm"] == "eagle3/2" and "adopted" in rec["reason"], rec
+    assert world.status["applied"]["arm"] == "eagle3/2"
+    assert built.controller.history.epoch == epoch + 1
+    assert built.controller.state.floor_arm == "eagle3/2"

@@ -75,8 +75,12 @@ def _loop(
     body: dict[str, Any],
     failures: int = 3,
     claims: tuning.Claims | None = None,
+    time_scale: float = 1.0,
 ) -> tuning.TuningLoop:
-    settings = Settings(poll_s=1.0, metrics_failures=failures, metrics_port=0, liveness_port=0)
+    settings = Settings(
+        poll_s=1.0, metrics_failures=failures, metrics_port=0, liveness_port=0,
+        time_scale=time_scale,
+    )  # fmt: skip
 
     def emit(kind: str, reason: str, message: str) -> None:
         world.events.append((kind, reason, message))
@@ -377,3 +381,23 @@ async def test_right_after_a_promotion_the_status_shows_the_promoted_arms_accept
     assert status["acceptance"]["rate"] == pytest.approx(0.7, abs=0.005), status.get("acceptance")
     # The diagnosis is the promoted arm's too: its window shows a drafter that speculates.
     assert status["diagnosis"], status
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+async def test_trial_rates_read_in_the_pods_own_units_under_a_time_scale(
+    world: FakeWorld, scale: float
+) -> None:
+    """Against a simulator 30x faster than the operator's clock, a 30 s window of the pods'
+    time passes in 1 s: the same requests must read as the same rate per pod second, not
+    30x it (the pods serve 400 requests a window whatever the scale here)."""
+    body = _body(drafters=[{"name": "eagle3", "method": "eagle3", "model": EAGLE, "maxK": 1}])
+    world.observation = _window(0.030)
+    world.canary_observation = _window(0.018, accepted_first=0.7)
+    loop = _loop(world, body, time_scale=scale)
+    for _ in range(40):
+        await loop.turn()
+        if any(t.get("windows") for t in _trials(world)):
+            break
+    trial = next(t for t in _trials(world) if t.get("windows"))
+    finished = world.canary_observation.tpot.count  # type: ignore[union-attr]
+    assert trial["canaryLoadPerPod"] == pytest.approx(finished / 30.0, rel=0.05), trial
