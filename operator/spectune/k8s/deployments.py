@@ -35,6 +35,7 @@ from spectune.engines.args import (
     trusts_remote_code,
 )
 from spectune.errors import SpecError
+from spectune.k8s.commands import engine_command, runs_an_engine
 from spectune.search.arms import Arm
 
 __all__ = [
@@ -142,15 +143,27 @@ def spec_config_for(arm: Arm, drafters: Mapping[str, DrafterArgs]) -> SpecConfig
 
 
 def _container(pod_spec: Obj, name: str | None) -> Obj:
+    """The engine container: the one named, else the only one, else the one that runs
+    vllm/sglang/trtllm-serve (never merely the first: a sidecar listed first would be
+    patched and the engine never tuned)."""
     containers: list[Obj] = pod_spec.get("containers") or []
     if not containers:
         raise SpecError("the target Deployment has no containers")
+    names = ", ".join(str(c.get("name")) for c in containers)
     if name is None:
-        return containers[0]
+        if len(containers) == 1:
+            return containers[0]
+        engines = [c for c in containers if runs_an_engine(c)]
+        if len(engines) == 1:
+            return engines[0]
+        which = "none of them runs" if not engines else "more than one runs"
+        raise SpecError(
+            f"spec.targetRef.container: the target has containers {names} and {which} "
+            "vllm, sglang or trtllm-serve in its command; name the engine's container"
+        )
     for c in containers:
         if c.get("name") == name:
             return c
-    names = ", ".join(str(c.get("name")) for c in containers)
     raise SpecError(f"spec.targetRef.container: no container {name!r}; containers: {names}")
 
 
@@ -160,13 +173,29 @@ def _template_spec(deployment: Obj) -> Obj:
 
 
 def container_argv(deployment: Obj, container: str | None) -> tuple[str, list[str]]:
-    """Which list holds the engine flags (``args`` or ``command``) and its items."""
-    c = _container(_template_spec(deployment), container)
-    args = [str(a) for a in c.get("args") or []]
-    command = [str(a) for a in c.get("command") or []]
-    if args or not command:
-        return "args", args
-    return "command", command
+    """Which list holds the engine flags (``args`` or ``command``) and the engine's command
+    line (read inside a shell script where the container wraps it: ``k8s/commands.py``)."""
+    cmd = engine_command(_container(_template_spec(deployment), container))
+    return cmd.field, list(cmd.argv)
+
+
+def _write_arm(c: Obj, engine: str, spec: SpecConfig | None) -> None:
+    """Write ``spec`` into engine container ``c`` (in place), then read it back.
+
+    The read-back parses the container as :func:`current_spec` will read the Deployment,
+    so an arm is never applied unless the rendered command line runs it: a render that
+    landed where the engine ignores it (after a shell script) would have the canary run
+    the incumbent while the search believed it tried another arm.
+    """
+    cmd = engine_command(c)
+    c[cmd.field] = cmd.render(_render(engine, cmd.argv, spec))
+    back = _parse(engine, engine_command(c).argv)
+    if fingerprint(back) != fingerprint(spec):
+        raise SpecError(
+            f"container {c.get('name')!r}: the rewritten command line reads back as "
+            f"{'off' if back is None else back.to_json()}, not "
+            f"{'off' if spec is None else spec.to_json()}; nothing was applied"
+        )
 
 
 def _parse(engine: str, argv: Sequence[str]) -> SpecConfig | None:
@@ -287,9 +316,7 @@ def canary_deployment(
     annotations = dict(tmeta.get("annotations") or {})
     annotations[ANNOTATION_ARM] = arm.name
     tmeta["annotations"] = annotations
-    c = _container(template["spec"], container)
-    field, argv = container_argv({"spec": {"template": template}}, container)
-    c[field] = _render(engine, argv, spec)
+    _write_arm(_container(template["spec"], container), engine, spec)
     selector = copy.deepcopy(target["spec"]["selector"])
     match = dict(selector.get("matchLabels") or {})
     match[LABEL_ROLE] = "canary"
@@ -330,17 +357,14 @@ def promote_patch(
     """
     spec = spec_config_for(arm, drafters)
     _check_remote_code(target, arm, drafters, container, engine)
-    c = _container(_template_spec(target), container)
-    field, argv = container_argv(target, container)
+    c = copy.deepcopy(_container(_template_spec(target), container))
+    _write_arm(c, engine, spec)
+    field = engine_command(c).field
     return {
         "metadata": {
             "annotations": {ANNOTATION_FINGERPRINT: fingerprint(spec), ANNOTATION_ARM: arm.name}
         },
-        "spec": {
-            "template": {
-                "spec": {"containers": [{"name": c["name"], field: _render(engine, argv, spec)}]}
-            }
-        },
+        "spec": {"template": {"spec": {"containers": [{"name": c["name"], field: c[field]}]}}},
     }
 
 
