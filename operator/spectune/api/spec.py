@@ -188,7 +188,17 @@ class TargetRef(ApiModel):
         pattern=_DNS_LABEL,
         description=(
             "Name of the container that runs the engine. Unset: the Deployment's only "
-            "container, or the one whose command runs vLLM or SGLang."
+            "container, or the one whose command runs vLLM, SGLang or trtllm-serve."
+        ),
+    )
+    allow_managed: bool = Field(
+        False,
+        description=(
+            "Tune a Deployment that another controller owns (an ownerReference with "
+            "controller: true: KServe, llm-d, Dynamo, an Argo Rollout). That controller may "
+            "revert every patch, so such a target is refused (Ready=False, ManagedTarget) "
+            "unless this is true; set it only when the owner leaves the container's "
+            "arguments alone. Default false."
         ),
     )
 

@@ -54,6 +54,7 @@ from spectune.k8s.rollout import Readiness, classify_rollout
 from spectune.search.arms import Arm, parse_arm
 
 __all__ = [
+    "FIELD_MANAGER",
     "ForbiddenError",
     "HumanEditError",
     "KubeActuator",
@@ -64,6 +65,13 @@ __all__ = [
 
 T = TypeVar("T")
 Obj = dict[str, Any]
+
+FIELD_MANAGER = "spectune"
+"""The field manager of every write to a Deployment (and of the status): the target's
+``managedFields`` say which fields spectune set, so its change is attributable. The writes
+are strategic-merge patches under a resourceVersion precondition, not server-side apply: an
+apply of the container's ``args`` would take their ownership from the GitOps tool or the
+person that set them, and force the next apply of theirs into a conflict."""
 
 CONFLICT_BACKOFF_S = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 """The wait before each patch of the target, tried in a row while it keeps changing (HTTP 409).
@@ -334,7 +342,13 @@ class KubeActuator:
             }
         }
         try:
-            await self._call(self._apps.patch_namespaced_deployment, meta["name"], self._ns, patch)
+            await self._call(
+                self._apps.patch_namespaced_deployment,
+                meta["name"],
+                self._ns,
+                patch,
+                field_manager=FIELD_MANAGER,
+            )
         except ApiException as exc:
             if exc.status not in (404, 409, 422):  # gone or replaced meanwhile
                 raise api_error(exc, f"patch canary {meta['name']}") from None
@@ -501,7 +515,9 @@ class KubeActuator:
             target, arm, self._drafters, self._spt, self._replicas, self._container, self._engine
         )
         try:
-            await self._call(self._apps.create_namespaced_deployment, self._ns, body)
+            await self._call(
+                self._apps.create_namespaced_deployment, self._ns, body, field_manager=FIELD_MANAGER
+            )
         except ApiException as exc:
             if exc.status != 409:
                 raise api_error(exc, f"create canary Deployment {name}") from None
@@ -633,7 +649,11 @@ class KubeActuator:
             ]
             try:
                 await self._call(
-                    self._apps.patch_namespaced_deployment, self._target, self._ns, patch
+                    self._apps.patch_namespaced_deployment,
+                    self._target,
+                    self._ns,
+                    patch,
+                    field_manager=FIELD_MANAGER,
                 )
                 return target
             except ApiException as exc:

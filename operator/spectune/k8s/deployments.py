@@ -263,6 +263,16 @@ def canary_name(target: str, arm: Arm) -> str:
     return name
 
 
+def managing_controller(target: Obj) -> str | None:
+    """``Kind/name`` of the controller that owns ``target`` (its ownerReference with
+    ``controller: true``), or None. Such a controller reconciles the Deployment from its
+    own object, so a patch of the engine's arguments is reverted, or fights it."""
+    for ref in target.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return f"{ref.get('kind')}/{ref.get('name')}"
+    return None
+
+
 def owned_by(obj: Obj, uid: str) -> bool:
     """Whether the operator made ``obj`` for the SpecTuning whose uid is ``uid``.
 

@@ -80,6 +80,7 @@ from spectune.errors import (
 )
 from spectune.k8s.actuator import (
     CONFLICT_BACKOFF_S,
+    FIELD_MANAGER,
     ForbiddenError,
     HumanEditError,
     KubeActuator,
@@ -95,6 +96,7 @@ from spectune.k8s.deployments import (
     current_spec,
     fingerprint,
     human_edit,
+    managing_controller,
     model_version,
     remote_code_refusal,
     spec_config_for,
@@ -607,6 +609,7 @@ class TuningLoop:
                     PLURAL,
                     self._name,
                     {"metadata": {"resourceVersion": self._rv}, "status": doc},
+                    field_manager=FIELD_MANAGER,
                 )
             except ApiException as exc:
                 if exc.status == 404:
@@ -1252,6 +1255,10 @@ class TuningLoop:
         kube = b.actuator.inner
         target = await kube.read_target()
         container, engine = spec.target_ref.container, b.engine.value
+        owner = managing_controller(target)
+        if owner is not None and not spec.target_ref.allow_managed:
+            await self._managed(b, target, owner)
+            return
         annotations = target.get("metadata", {}).get("annotations") or {}
         if ANNOTATION_FINGERPRINT not in annotations:
             await kube.adopt(target)
@@ -1430,40 +1437,54 @@ class TuningLoop:
         return _cond("MetricsAvailable", False, kind, message)
 
     async def _pause(self, b: _Built, target: Obj) -> None:
+        await self._hold(
+            b,
+            "HumanEdit",
+            "the target was edited by hand",
+            f"the speculative arguments of Deployment {target['metadata']['name']} were "
+            "edited by hand; tuning paused, nothing overwritten",
+            "the target's speculative arguments differ from what spectune applied; "
+            "tuning is paused and nothing is overwritten. Restore them, or remove "
+            f"the {ANNOTATION_FINGERPRINT} annotation to adopt the edit and resume",
+        )
+
+    async def _managed(self, b: _Built, target: Obj, owner: str) -> None:
+        name = target["metadata"]["name"]
+        await self._hold(
+            b,
+            "ManagedTarget",
+            f"the target is owned by {owner}",
+            f"Deployment {name} is owned by {owner}, which would revert spectune's patches; "
+            "nothing is patched",
+            f"Deployment {name} is owned by the controller {owner} (its ownerReference), "
+            "which reconciles it from its own object and would revert or fight every "
+            "patch of the engine's arguments; nothing is patched. Tune the object that "
+            "controller reads, or set spec.targetRef.allowManaged: true if it leaves the "
+            "container's arguments alone",
+        )
+
+    async def _hold(self, b: _Built, reason: str, trial_why: str, event: str, message: str) -> None:
+        """Stop tuning without touching the target's setting: the running trial ends, its
+        canary goes and the replica count is restored (once), then ``Ready=False`` with
+        ``reason`` until the cause is gone (a HumanEdit, a ManagedTarget)."""
         if not self._paused:
             self._paused = True
             c = b.controller
             running = c._running()
             if running is not None:
-                c.history = c.history.update_last(
-                    running.ended(Outcome.ABORTED, "the target was edited by hand")
-                )
+                c.history = c.history.update_last(running.ended(Outcome.ABORTED, trial_why))
             await b.actuator.stop_canary()
             # An in-place trial: the edit is kept, not rolled back; a replaced canary: the
             # target's replica count back first (only the count is written, never the edit).
             await self._restore(b.actuator)
-            self._emit(
-                "Warning",
-                "HumanEdit",
-                f"the speculative arguments of Deployment {target['metadata']['name']} were "
-                "edited by hand; tuning paused, nothing overwritten",
-            )
+            self._emit("Warning", reason, event)
         await self._write(
             StatusInputs(
                 phase=api_phase(b.controller.state.shown_phase),
                 generation=self._generation,
                 now=_now(),
                 memory=self._memory(),
-                conditions=(
-                    _cond(
-                        "Ready",
-                        False,
-                        "HumanEdit",
-                        "the target's speculative arguments differ from what spectune applied; "
-                        "tuning is paused and nothing is overwritten. Restore them, or remove "
-                        f"the {ANNOTATION_FINGERPRINT} annotation to adopt the edit and resume",
-                    ),
-                ),
+                conditions=(_cond("Ready", False, reason, message),),
             )
         )
         await self._wait()

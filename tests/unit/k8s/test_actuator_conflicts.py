@@ -47,6 +47,7 @@ class ChurningApps:
         self.churn = churn
         self.reads = 0
         self.refused = 0
+        self.managers: list[str | None] = []
 
     def _bump(self) -> None:
         meta = self.obj["metadata"]
@@ -59,7 +60,10 @@ class ChurningApps:
             self._bump()
         return _Response(doc)
 
-    def patch_namespaced_deployment(self, name: str, ns: str, patch: dict[str, Any]) -> None:
+    def patch_namespaced_deployment(
+        self, name: str, ns: str, patch: dict[str, Any], field_manager: str | None = None
+    ) -> None:
+        self.managers.append(field_manager)
         if patch["metadata"]["resourceVersion"] != self.obj["metadata"]["resourceVersion"]:
             self.refused += 1
             raise ApiException(status=409, reason="Conflict")
@@ -99,6 +103,8 @@ def test_a_target_mid_rollout_is_patched_once_it_holds_still(
         "method": "eagle3", "model": EAGLE, "num_speculative_tokens": 3}  # fmt: skip
     assert waits == list(CONFLICT_BACKOFF_S[:6])
     assert waits[0] == 0 and all(a < b for a, b in itertools.pairwise(waits))
+    # Every write is attributable: the target's managedFields name spectune.
+    assert apps.managers and set(apps.managers) == {"spectune"}
 
 
 def test_a_target_that_never_holds_still_is_left_untouched_and_named(

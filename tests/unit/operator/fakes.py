@@ -83,6 +83,8 @@ class FakeWorld:
     target: Obj | None = field(default_factory=target)
     canaries: list[Arm] = field(default_factory=list)
     status_writes: list[Obj] = field(default_factory=list)
+    status_managers: set[str] = field(default_factory=set)
+    """Field managers the status writes named."""
     status: Obj = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)
     conflicts: int = 0
@@ -255,8 +257,9 @@ class FakeCustom:
     def get_namespaced_custom_object(self, *_: Any) -> Obj:
         return {**self.body, "metadata": self._meta(), "status": copy.deepcopy(self.world.status)}
 
-    def patch_namespaced_custom_object_status(self, *args: Any) -> Obj:
+    def patch_namespaced_custom_object_status(self, *args: Any, field_manager: str = "") -> Obj:
         patch = args[-1]
+        self.world.status_managers.add(field_manager)
         if self.world.conflicts > 0:
             self.world.conflicts -= 1
             self.world.resource_version += 1  # someone else's write lands first

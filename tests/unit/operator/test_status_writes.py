@@ -190,3 +190,31 @@ async def test_an_adopted_hand_edit_is_announced_and_searched_from(world: FakeWo
     assert world.status["applied"]["arm"] == "eagle3/2"
     assert built.controller.history.epoch == epoch + 1
     assert built.controller.state.floor_arm == "eagle3/2"
+
+
+async def test_a_target_another_controller_owns_is_refused_unless_allowed(
+    world: FakeWorld,
+) -> None:
+    """A Deployment that KServe (or llm-d, Dynamo, an Argo Rollout) owns is reconciled from
+    that controller's object: a patch of its args is reverted, or fights the owner. It is
+    refused with Ready=False, ManagedTarget naming the owner, and not even annotated; with
+    spec.targetRef.allowManaged it is tuned. Status writes name the field manager."""
+    world.failing = True
+    world.target["metadata"]["ownerReferences"] = [  # type: ignore[index]
+        {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+         "name": "llama", "uid": "isvc-1", "controller": True},
+    ]  # fmt: skip
+    before = copy.deepcopy(world.target)
+    loop = _loop(world, _body())
+    await loop.turn()
+    ready = _condition(world, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ManagedTarget"), ready
+    assert "InferenceService/llama" in ready["message"] and "allowManaged" in ready["message"]
+    assert world.target == before  # nothing patched, not even the fingerprint annotation
+    assert not world.canaries
+    assert world.status_managers == {"spectune"}
+    allowed = _body(targetRef={"name": "llama", "container": "vllm", "allowManaged": True})
+    loop = _loop(world, allowed)
+    await loop.turn()
+    assert _condition(world, "Ready")["reason"] != "ManagedTarget"
+    assert tuning.ANNOTATION_FINGERPRINT in world.target["metadata"]["annotations"]  # type: ignore[index]
