@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from spectune.bench.oracle import Oracle
+from spectune.k8s.projection import decode_memory
 from spectune.sim.scenario import load_scenario
 from tests.e2e.conftest import TIME_SCALE, InjectableSimPods, Install
 from tests.e2e.test_happy_path import EXAMPLE, SCENARIO, TARGET, World, _deployment
@@ -100,6 +101,6 @@ def test_a_promoted_arm_that_regresses_on_the_target_is_rolled_back(world: World
     wait_for(back_on_off, timeout=120, message=lambda: f"the target on off; {world.why()}")
     # Within the verification windows: no more windows of the bad arm on the target than
     # the verification takes.
-    memory = world.status()["history"]
+    memory = decode_memory(world.status()["history"])
     assert 1 <= _windows_on_target(memory, bad) <= VERIFY_WINDOWS
     assert any(f[1] == bad for f in memory["history"]["failures"])

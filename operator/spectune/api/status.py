@@ -12,9 +12,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, WithJsonSchema
 
 from spectune.api.validation import ApiModel, Duration, validate_body
 
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 MAX_TRIALS_IN_STATUS = 20
-"""The status keeps the latest trials only; the full record is in ``history``."""
+"""The status keeps the latest trials only; the policy's record is in ``history``."""
 
 _ARM_DESCRIPTION = "off, <drafter>/<k> or <drafter>/sched:<lo>-<hi>=<k>,<lo>-<hi>=<k>"
 
@@ -295,11 +295,17 @@ class SpecTuningStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         description="Standard conditions (Ready, MetricsAvailable, ...). Default [].",
     )
-    history: dict[str, Any] | None = Field(
+    history: Annotated[
+        str | dict[str, Any] | None,
+        # Any JSON value: version 2 is a string, version 1 (operators before it) an object.
+        WithJsonSchema({"nullable": True, "x-kubernetes-preserve-unknown-fields": True}),
+    ] = Field(
         None,
         description=(
-            "The controller's restart-safe trial history and state (JSON; written and read by "
-            "the operator only)."
+            "The controller's restart-safe trial history and state, bounded (written and read "
+            "by the operator only): base64 of gzipped JSON, one line in kubectl describe. "
+            "Read it with: kubectl get spt NAME -o jsonpath='{.status.history}' | base64 -d "
+            "| gunzip"
         ),
     )
 

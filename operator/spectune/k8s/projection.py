@@ -5,13 +5,23 @@ writes the result to the status subresource; on a restart it reads the controlle
 back with :func:`load_memory`. Pure functions over values: no client, no clock (``now`` is
 passed in), so every line of the status is tested without a cluster.
 
-What ``status.history`` holds (the operator's own, versioned):
-``{"version": 1, "history": History.to_json(), "state": ControllerState as JSON,
-"original": <arm the target ran before the first promotion>}``.
+What ``status.history`` holds (the operator's own, versioned): one string, the gzipped
+JSON of ``{"version": 2, "history": History.to_json(), "state": ControllerState as JSON,
+"original": <arm the target ran before the first promotion>}`` in base64
+(:func:`encode_memory`). One string, not an object: ``kubectl describe`` prints every field
+of an object as a line, and the memory is hundreds of figures per window; a string is one
+line, a few tens of KB at most (the history is bounded: ``History.compacted``), and
+``status.trials`` is what a user reads. Read it with
+``kubectl get spt NAME -o jsonpath='{.status.history}' | base64 -d | gunzip``.
+Version 1 (the object itself, unbounded) is still read, and compacted as it is.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import gzip
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -48,6 +58,8 @@ __all__ = [
     "acceptance_of",
     "applied_speedup",
     "build_status",
+    "decode_memory",
+    "encode_memory",
     "load_memory",
     "merge_conditions",
     "recommendation_of",
@@ -55,7 +67,9 @@ __all__ = [
     "verified_condition",
 ]
 
-MEMORY_VERSION = 1
+MEMORY_VERSION = 2
+"""2: ``status.history`` is :func:`encode_memory`'s string of a bounded history; 1: the
+memory as an object, its history unbounded (read, and compacted on load)."""
 
 _PHASES = {
     LoopPhase.BASELINE: Phase.BASELINE,
@@ -102,8 +116,42 @@ class Memory:
         return doc
 
 
-def load_memory(doc: Mapping[str, Any] | None) -> Memory:
-    """The memory stored by :meth:`Memory.to_json`; empty for a new SpecTuning."""
+def encode_memory(doc: Mapping[str, Any]) -> str:
+    """``status.history``: :meth:`Memory.to_json` as compact JSON, gzipped, in base64.
+
+    Deterministic (no timestamp in the gzip header), so an unchanged memory writes the same
+    string and the status writer sees nothing new.
+    """
+    raw = json.dumps(doc, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
+    return base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
+
+
+def decode_memory(raw: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    """The memory's JSON from ``status.history`` in any version (empty when there is none).
+
+    Raises :class:`ValueError` naming the field when it is neither.
+    """
+    if not raw:
+        return {}
+    if isinstance(raw, Mapping):
+        return dict(raw)  # version 1: the object itself
+    try:
+        text = raw if raw.lstrip().startswith("{") else gzip.decompress(base64.b64decode(raw))
+        doc = json.loads(text)
+    except (binascii.Error, OSError, EOFError, ValueError) as exc:
+        raise ValueError(
+            f"status.history is not the operator's memory (base64 of gzipped JSON): {exc}; "
+            "remove the field to start the tuning afresh"
+        ) from None
+    if not isinstance(doc, dict):
+        raise ValueError("status.history does not hold a JSON object")
+    return doc
+
+
+def load_memory(raw: str | Mapping[str, Any] | None) -> Memory:
+    """The memory stored by :meth:`Memory.to_json` (in ``status.history``, any version);
+    empty for a new SpecTuning. The history comes back compacted (``History.from_json``)."""
+    doc = decode_memory(raw)
     if not doc:
         return Memory(History(), ControllerState())
     raw = doc.get("state") or {}
@@ -408,7 +456,7 @@ def build_status(previous: SpecTuningStatus, x: StatusInputs) -> dict[str, Any]:
         updates["diagnosis"] = x.findings[:16]
     if x.memory is not None:
         updates["trials"] = trials_of(x.memory.history, x.memory.restarts, x.time_scale)
-        updates["history"] = x.memory.to_json()
+        updates["history"] = encode_memory(x.memory.to_json())
     if x.model_version is not None:
         updates["observed_model_version"] = x.model_version
     if x.routes:

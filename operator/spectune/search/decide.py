@@ -213,7 +213,8 @@ class ModelPolicy:
             return Decision(
                 DecisionKind.HOLD, None, note or "measuring the target's load first", end
             )
-        rng = np.random.default_rng([ctx.seed, len(history.trials), len(history.baseline)])
+        n_trials, _, n_alone = history.recorded()  # compaction-proof: the same draws
+        rng = np.random.default_rng([ctx.seed, n_trials, n_alone])
         metric = ctx.objective.metric
         pred = predict(
             history, arms, metric, load, _priors(ctx), ctx.assumed_draft_cost, rng, DRAWS

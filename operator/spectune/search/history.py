@@ -4,10 +4,18 @@ The history is the policy's only memory (STYLE.md, "Algorithms that survive a re
 the controller appends to it, the operator stores it in the SpecTuning status, and the
 policy rebuilds every estimate from it on each decision. So a restarted controller that
 reloads the history reaches the same decision without repeating a finished trial.
+
+It is bounded (:meth:`History.compacted`, applied on every append that can grow it and on
+every load), so that a SpecTuning that monitors for months fits its status: etcd refuses
+an object over 1.5 MiB, and an incumbent-only window costs about 1.1 KB of JSON (two
+groups' figures in a trial window, about 2.2 KB), so keeping every 5-minute window would
+pass it in five days. Compacting in the history itself, not in the status writer, keeps
+the running controller and one restarted from the status on the same record.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 from collections.abc import Mapping, Sequence
@@ -16,7 +24,17 @@ from typing import Any
 
 from spectune.search.objective import WindowStats
 
-__all__ = ["MATCHED_LOAD_BAND", "History", "Outcome", "TrialRecord", "WindowRecord"]
+__all__ = [
+    "KEPT_EPOCHS",
+    "KEPT_FIRST",
+    "KEPT_LAST",
+    "KEPT_SUMMARIES",
+    "MATCHED_LOAD_BAND",
+    "History",
+    "Outcome",
+    "TrialRecord",
+    "WindowRecord",
+]
 
 #: Largest relative difference of per-pod load (finished requests per pod per second)
 #: between canary and incumbent for a window to be read as a matched pair. The payoff of
@@ -24,6 +42,34 @@ __all__ = ["MATCHED_LOAD_BAND", "History", "Outcome", "TrialRecord", "WindowReco
 #: measured at another point of the cost curve. ±15 % is the Poisson noise of a rate from
 #: about 50 requests per pod (1/√50 ≈ 0.14), the fewest a judged window holds.
 MATCHED_LOAD_BAND = 0.15
+
+#: Incumbent-only windows kept at the start of each run of them (a run: the windows between
+#: two trial windows of an epoch, or after its last — in practice, monitoring). The run's
+#: first windows hold the monitoring reference, the first window on the promoted setting
+#: that the controller compares the load with for as long as it monitors (at most a window
+#: or two into the run: a search ends at the decision after its last window), and the
+#: epoch's first load. Twelve is an hour at 5-minute windows.
+KEPT_FIRST = 12
+
+#: ...and at its end: what the latest windows are read for — a promoted arm's verification
+#: against its predecessor's last windows (``search.verifyWindows`` is at most 20), a load
+#: move confirmed over the last two windows, the target's current load. Twenty-four is two
+#: hours at 5-minute windows; a run of at most ``KEPT_FIRST + KEPT_LAST`` windows is whole.
+KEPT_LAST = 24
+
+#: Epochs whose windows and trials are kept: the current one and the one before it. What
+#: is read across epochs: acceptance and service-rate windows of earlier epochs of the same
+#: model (load moves), draft costs of an earlier epoch at the same load, and the first and
+#: last window of the epoch a load move closed. The epoch before holds what the last two
+#: need; from older ones acceptance and costs are re-measured (the current epoch's windows
+#: outweigh them within a trial), and each keeps a summary: its median running batch (what
+#: ``search/schedule.py`` places its learned ranges at), its promotions and failures.
+KEPT_EPOCHS = 2
+
+#: Epochs whose promotions, failures and load-move marks are kept (each about 50 bytes):
+#: sixty-four re-tunes is months of diurnal load moves; a chain of load epochs longer than
+#: that lends nothing that its last sixty-four do not.
+KEPT_SUMMARIES = 64
 
 
 class Outcome(enum.Enum):
@@ -103,6 +149,13 @@ class History:
     failures: tuple[tuple[int, str, bool, str], ...] = field(default=())
     """``(epoch, arm, infeasible, why)`` for each arm rolled back from the target: worse
     than its predecessor after a promotion, or unable to start there (``infeasible``)."""
+    batches: tuple[tuple[int, float], ...] = field(default=())
+    """``(epoch, median running batch per pod)`` of each epoch whose windows were dropped
+    (:meth:`compacted`): :meth:`epoch_batch` of an epoch that holds no window any more."""
+    dropped: tuple[int, int, int] = (0, 0, 0)
+    """Trials, trial windows and incumbent-only windows dropped by :meth:`compacted`: the
+    policies seed their random draws with how much was recorded (:meth:`recorded`), and a
+    compaction must not change a draw."""
 
     def in_epoch(self, epoch: int | None = None) -> tuple[TrialRecord, ...]:
         """The trials of one epoch (the current one by default)."""
@@ -123,13 +176,91 @@ class History:
         return replace(self, trials=(*self.trials[:-1], t))
 
     def add_baseline(self, w: WindowRecord) -> History:
-        """The history with one more incumbent-only window."""
-        return replace(self, baseline=(*self.baseline, (self.epoch, w)))
+        """The history with one more incumbent-only window (compacted)."""
+        return replace(self, baseline=(*self.baseline, (self.epoch, w))).compacted()
 
     def new_epoch(self, load_moved: bool = False) -> History:
-        """The history at the start of a re-tune (``load_moved``: only the load changed)."""
+        """The history at the start of a re-tune (``load_moved``: only the load changed),
+        compacted."""
         loads = (*self.load_epochs, self.epoch + 1) if load_moved else self.load_epochs
-        return replace(self, epoch=self.epoch + 1, load_epochs=loads)
+        return replace(self, epoch=self.epoch + 1, load_epochs=loads).compacted()
+
+    def recorded(self) -> tuple[int, int, int]:
+        """Trials, trial windows and incumbent-only windows recorded since the start,
+        those :meth:`compacted` dropped included."""
+        t, tw, b = self.dropped
+        return (
+            len(self.trials) + t,
+            sum(len(x.windows) for x in self.trials) + tw,
+            len(self.baseline) + b,
+        )
+
+    def epoch_batch(self, epoch: int) -> float:
+        """Median running batch per pod of the incumbent over one epoch's windows (NaN if
+        none): from its windows, or from its summary once they were dropped."""
+        values = [w.incumbent.running for w in self.baseline_windows(epoch) if w.incumbent]
+        values += [
+            w.incumbent.running for t in self.in_epoch(epoch) for w in t.windows if w.incumbent
+        ]
+        values = sorted(v for v in values if not math.isnan(v))
+        if not values:
+            return next((b for e, b in self.batches if e == epoch), math.nan)
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+    def compacted(self) -> History:
+        """The history within its bound: what the policy and the controller read, kept.
+
+        * every run of incumbent-only windows in an epoch (the windows between two of its
+          trial windows, or after the last) keeps its first :data:`KEPT_FIRST` and its last
+          :data:`KEPT_LAST` windows; trial windows are all kept (at most three a trial);
+        * epochs older than the :data:`KEPT_EPOCHS` latest keep no window and no trial,
+          only a summary: their median batch (:meth:`epoch_batch`), promotions, failures;
+        * promotions, failures, load-move marks and summaries of epochs older than the
+          :data:`KEPT_SUMMARIES` latest are dropped.
+
+        The bound, in JSON (``Memory.to_json``): an incumbent-only window is about 1.1 KB
+        (about 30 figures of one group), a trial window about 2.2 KB (two groups). An epoch
+        holds at most ``3 × maxTrials`` trial windows, the incumbent-only windows its search
+        looked at alone (one after a promotion or a stale rollout, so no more than its
+        trials and one), and a monitoring run of ``KEPT_FIRST + KEPT_LAST = 36`` windows.
+        At the default 12 trials: 36 × 2.2 + 13 × 1.1 + 36 × 1.1 ≈ 133 KB an epoch; two
+        epochs and 64 summaries (≈ 4 KB): ≈ 270 KB of JSON, ≈ 105 KB once gzipped as the
+        status stores it (floats of 17 digits compress about 2.6 times; field names to
+        nothing). At the most trials a SpecTuning allows (50): ≈ 760 KB of JSON, ≈ 300 KB
+        stored: inside etcd's 1.5 MiB either way, however long the SpecTuning runs.
+
+        Idempotent. A run shorter than ``KEPT_FIRST + KEPT_LAST`` windows (three hours at
+        5-minute windows) in one of two epochs loses nothing: a short run sees everything.
+        """
+        keep_from = self.epoch - KEPT_EPOCHS + 1
+        old = sorted(
+            {t.epoch for t in self.trials if t.epoch < keep_from}
+            | {e for e, _ in self.baseline if e < keep_from}
+        )
+        batches = tuple((e, self.epoch_batch(e)) for e in old)
+        trials = tuple(t for t in self.trials if t.epoch >= keep_from)
+        baseline = tuple((e, w) for e, w in self.baseline if e >= keep_from)
+        baseline = _thin_runs(baseline, trials)
+        gone_trials = [t for t in self.trials if t.epoch < keep_from]
+        t, tw, b = self.dropped
+        dropped = (
+            t + len(gone_trials),
+            tw + sum(len(x.windows) for x in gone_trials),
+            b + len(self.baseline) - len(baseline),
+        )
+        summary_from = self.epoch - KEPT_SUMMARIES + 1
+        out = replace(
+            self,
+            trials=trials,
+            baseline=baseline,
+            promotions=tuple(p for p in self.promotions if p[0] >= summary_from),
+            load_epochs=tuple(e for e in self.load_epochs if e >= summary_from),
+            failures=tuple(f for f in self.failures if f[0] >= summary_from),
+            batches=tuple(x for x in (*self.batches, *batches) if x[0] >= summary_from),
+            dropped=dropped,
+        )
+        return out
 
     def acceptance_epochs(self) -> tuple[int, ...]:
         """The current epoch and the earlier ones whose acceptance still holds.
@@ -168,7 +299,45 @@ class History:
         failures = tuple(
             (int(e), str(a), bool(i), str(w)) for e, a, i, w in doc.get("failures", ())
         )
-        return cls(trials, baseline, int(doc.get("epoch", 0)), promotions, loads, failures)
+        batches = tuple(
+            (int(e), math.nan if b is None else float(b)) for e, b in doc.get("batches", ())
+        )
+        t, tw, b = (int(x) for x in doc.get("dropped", (0, 0, 0)))
+        h = cls(
+            trials,
+            baseline,
+            int(doc.get("epoch", 0)),
+            promotions,
+            loads,
+            failures,
+            batches,
+            (t, tw, b),
+        )
+        # A history written before it was bounded (status version 1) is compacted here.
+        return h.compacted()
+
+
+def _thin_runs(
+    baseline: tuple[tuple[int, WindowRecord], ...], trials: Sequence[TrialRecord]
+) -> tuple[tuple[int, WindowRecord], ...]:
+    """``baseline`` with each run of incumbent-only windows cut to its first
+    :data:`KEPT_FIRST` and last :data:`KEPT_LAST` (see :meth:`History.compacted`)."""
+    starts: dict[int, list[float]] = {}
+    for t in trials:
+        starts.setdefault(t.epoch, []).extend(w.start_s for w in t.windows)
+    for xs in starts.values():
+        xs.sort()
+    runs: dict[tuple[int, int], list[int]] = {}
+    for i, (e, w) in enumerate(baseline):
+        run = bisect.bisect_left(starts.get(e, []), w.start_s)
+        runs.setdefault((e, run), []).append(i)
+    drop: set[int] = set()
+    for idx in runs.values():
+        if len(idx) > KEPT_FIRST + KEPT_LAST:
+            drop.update(idx[KEPT_FIRST : len(idx) - KEPT_LAST])
+    if not drop:
+        return baseline
+    return tuple(x for i, x in enumerate(baseline) if i not in drop)
 
 
 def _clean(v: Any) -> Any:

@@ -28,16 +28,9 @@ MAX_BATCH = 1024
 
 
 def epoch_batch(history: History, epoch: int) -> float:
-    """Median running batch per pod of the incumbent over one epoch's windows (NaN if none)."""
-    values = [w.incumbent.running for w in history.baseline_windows(epoch) if w.incumbent]
-    values += [
-        w.incumbent.running for t in history.in_epoch(epoch) for w in t.windows if w.incumbent
-    ]
-    values = sorted(v for v in values if not math.isnan(v))
-    if not values:
-        return math.nan
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    """Median running batch per pod of the incumbent over one epoch's windows (NaN if none;
+    an epoch whose windows the history dropped keeps it: :meth:`History.epoch_batch`)."""
+    return history.epoch_batch(epoch)
 
 
 def learned_schedule(

@@ -950,7 +950,10 @@ def _leader(b: Beliefs, measured_only: bool) -> Arm | None:
 
 
 def _windows(h: History) -> int:
-    return sum(len(t.windows) for t in h.trials) + len(h.baseline)
+    """Windows recorded so far, those the history's compaction dropped included (a seed:
+    dropping old windows must not change a draw)."""
+    _, trial_windows, alone = h.recorded()
+    return trial_windows + alone
 
 
 def _estimates(b: Beliefs, minimise: bool) -> dict[str, Estimate]:

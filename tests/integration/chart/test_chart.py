@@ -454,6 +454,14 @@ def test_install_example_and_uninstall(cluster: Cluster, namespace: str, mode: s
         name = f"{release}-spectune"
         notes = installed.stdout.split("NOTES:", 1)[1]  # the next commands
         assert f"kubectl -n {namespace} rollout status deployment/{name}" in notes
+        # Helm cannot know whether the pod starts: the notes say what to look at, and the signs.
+        pods = f"-l app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
+        assert f"kubectl -n {namespace} get pods {pods}" in notes, notes
+        assert f"kubectl -n {namespace} logs deployment/{name}" in notes, notes
+        for sign in ("ImagePullBackOff", "OOMKilled", "403 Forbidden", "is not found"):
+            assert sign in notes, notes
+        pod = cluster.kubectl("get", "pods", "-n", namespace, *pods.split(" ", 1), "-o", "name")
+        assert pod.stdout.strip().startswith("pod/"), "the selector in the notes finds the pod"
         assert "kubectl apply -n <namespace> -f examples/spectuning.yaml" in notes
         if mode == "cluster-wide":
             assert "every namespace" in notes, notes

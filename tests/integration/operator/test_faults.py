@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from spectune.api.names import KIND
+from spectune.k8s.projection import decode_memory
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.prometheus import Prometheus
 from tests.fixtures.simpods import DEFAULT_SCENARIO, SimPods
@@ -215,7 +216,7 @@ def test_operator_killed_mid_trial_resumes_from_status(
     carried_on(env, watch, uid, before, trial)
     # A trial started by the second process never re-runs, in the same search (epoch), the
     # arm that was mid-trial at the kill; a search re-opened later may measure it again.
-    recorded = env.status()["history"]["history"]["trials"]
+    recorded = decode_memory(env.status()["history"])["history"]["trials"]
     started = datetime.fromisoformat(trial["startedAt"].replace("Z", "+00:00")).timestamp()
     killed = next(
         i
@@ -225,7 +226,7 @@ def test_operator_killed_mid_trial_resumes_from_status(
     later = [t for t in recorded[killed + 1 :] if t["epoch"] == recorded[killed]["epoch"]]
     assert all(t["arm"] != trial["arm"] for t in later), recorded
 
-    promotions = env.status()["history"]["history"]["promotions"]
+    promotions = decode_memory(env.status()["history"])["history"]["promotions"]
     promoted = [e for e in env.events() if e.reason == "Promoted"]
     # Within a search (an epoch) an arm is never promoted twice in a row. A later epoch (a
     # re-measure) may confirm the same arm; the controller then patches nothing.

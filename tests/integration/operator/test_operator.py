@@ -18,6 +18,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from spectune.api.names import GROUP, KIND, PLURAL, VERSION
+from spectune.k8s.projection import decode_memory
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.prometheus import Prometheus
 from tests.fixtures.simpods import SimPods
@@ -72,7 +73,7 @@ def test_auto_mode_explores_promotes_and_cleans_up(
 
     # The promoted setting is what the Deployment runs, and what the status says.
     status = env.status()
-    promoted = status["history"]["history"]["promotions"][-1][1]
+    promoted = decode_memory(status["history"])["history"]["promotions"][-1][1]
     wait_for(lambda: arm_of(env.target_args()) == promoted, timeout=30, message="promotion")
     wait_for(
         lambda: env.status()["applied"]["arm"] == promoted,
@@ -143,7 +144,7 @@ def test_in_place_strategy_tunes_the_target_itself(
     assert trials and all(t["outcome"] != "running" for t in trials), trials
     assert any(t.get("windows", 0) > 0 and t["outcome"] == "measured" for t in trials), trials
     status = env.status()
-    promoted = status["history"]["history"]["promotions"][-1][1]
+    promoted = decode_memory(status["history"])["history"]["promotions"][-1][1]
     wait_for(
         lambda: arm_of(env.target_args()) == promoted and env.target_ready(),
         timeout=60,

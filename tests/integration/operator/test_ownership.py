@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from spectune.api.names import GROUP, PLURAL, VERSION
 from spectune.k8s.actuator import HumanEditError, KubeActuator, NotOwnedError
 from spectune.k8s.deployments import DrafterArgs, canary_name
+from spectune.k8s.projection import decode_memory
 from spectune.search.arms import Arm
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.prometheus import free_port
@@ -352,8 +353,8 @@ def test_a_concurrent_status_write_gets_a_real_409_and_nothing_is_lost(
     by_type = {c["type"]: c for c in status["conditions"]}
     assert by_type["Ready"]["reason"] == "TargetMissing", by_type
     assert by_type["Reviewed"]["reason"] == "PolicyCheck", "the other writer's condition lost"
-    trials = status["history"]["history"]["trials"]
-    assert [t["arm"] for t in trials] == ["eagle3/3"], status["history"]
+    trials = decode_memory(status["history"])["history"]["trials"]
+    assert [t["arm"] for t in trials] == ["eagle3/3"], trials
 
 
 # -- item 8: deletion never wedges --------------------------------------------------------------

@@ -26,6 +26,7 @@ from typing import Any
 
 from kubernetes import client, watch
 
+from spectune.k8s.projection import decode_memory
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.prometheus import Prometheus
 from tests.fixtures.simpods import SimPods
@@ -618,7 +619,7 @@ def test_in_place_on_one_replica_is_a_switchback_with_a_washout_after_each_resta
     # stretch of each pair is the recorded window; the B stretch ends when the target is
     # switched back to A.
     slack = 1.0
-    record = env.status()["history"]["history"]["trials"][0]
+    record = decode_memory(env.status()["history"])["history"]["trials"][0]
     to_a = [at for at, arm in watch.changes[2:] if arm == "off"]
     for j, w in enumerate(record["windows"]):
         start, end = float(w["start_s"]), float(w["end_s"])

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from spectune.api.status import ConditionStatus, Phase, SpecTuningStatus, parse_status
 from spectune.control.controller import ControllerState
 from spectune.control.controller import Phase as LoopPhase
 from spectune.k8s.projection import (
+    MEMORY_VERSION,
     ConditionUpdate,
     Memory,
     StatusInputs,
     acceptance_of,
     api_phase,
     build_status,
+    decode_memory,
     load_memory,
     merge_conditions,
     recommendation_of,
@@ -271,3 +276,40 @@ def test_a_verification_in_progress_survives_a_restart_and_shows_in_phase_and_co
     assert cond is not None and cond.status is ConditionStatus.UNKNOWN
     assert cond.reason == "Verifying"
     assert verified_condition(ControllerState()) is None
+
+
+def _v1_status(windows: int) -> dict[str, object]:
+    """A status as operators before memory version 2 wrote it: the memory as an object,
+    every window of a ``windows``-long monitoring run in it."""
+    runs = [(1000.0 + 300.0 * i, 1300.0 + 300.0 * i) for i in range(windows)]  # after the trial
+    baseline = tuple((0, WindowRecord(a, b, _stats(0.03))) for a, b in runs)
+    history = History(trials=_history().trials, baseline=baseline).to_json()
+    del history["batches"], history["dropped"]  # version 1 had neither
+    state = {"phase": "Monitoring", "model_version": "sha-1", "reference_acceptance": 0.8,
+             "converged_at_s": 0.0}  # fmt: skip
+    memory = {"version": 1, "history": history, "state": state, "original": "off"}
+    return {"phase": "Monitoring", "history": memory}
+
+
+def test_a_version_1_status_is_read_and_compacted() -> None:
+    old = parse_status(_v1_status(3000))  # ten days of 5-minute windows
+    memory = load_memory(old.history)
+    assert memory.state.phase is LoopPhase.MONITORING and memory.original == "off"
+    assert memory.state.reference_acceptance == 0.8 and memory.state.model_version == "sha-1"
+    assert [t.arm for t in memory.history.trials] == ["eagle3/3", "eagle3/2"]
+    kept = [w.start_s for w in memory.history.baseline_windows()]
+    assert len(kept) == 36 and kept[0] == 1000.0 and kept[-1] == 1000.0 + 300.0 * 2999
+    assert memory.history.recorded() == (2, 1, 3000)
+    # The next write is version 2: one string, a fraction of the object it replaces.
+    doc = build_status(
+        old, StatusInputs(phase=Phase.MONITORING, generation=1, now=T0, memory=memory)
+    )
+    assert isinstance(doc["history"], str)
+    assert decode_memory(doc["history"])["version"] == MEMORY_VERSION == 2
+    assert len(json.dumps(doc)) < len(json.dumps(_v1_status(3000))) / 50
+    assert load_memory(doc["history"]).history.to_json() == memory.history.to_json()
+
+
+def test_a_status_history_that_is_not_a_memory_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"status.history is not the operator's memory"):
+        load_memory("not base64 of gzip!")

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from spectune.k8s import tuning
+from spectune.k8s.projection import decode_memory
 from tests.unit.operator.fakes import MODEL, FakeWorld, target
 from tests.unit.operator.test_tuning_loop import (  # the same loop
     FakeClock,
@@ -76,7 +77,7 @@ async def test_a_concurrent_writers_condition_survives_the_retry(world: FakeWorl
     await loop.turn()
     assert world.answered_409 == 1
     assert _condition(world, "Reviewed")["reason"] == "PolicyCheck"
-    assert world.status["history"]["history"]["trials"], world.status
+    assert decode_memory(world.status["history"])["history"]["trials"], world.status
 
 
 class _OneLook(FakeClock):

@@ -21,7 +21,7 @@ from spectune.control.controller import Phase as LoopPhase
 from spectune.engines import Dialect
 from spectune.k8s import tuning
 from spectune.k8s.deployments import model_version
-from spectune.k8s.projection import Memory
+from spectune.k8s.projection import Memory, decode_memory
 from spectune.metrics import Observation, SpecCounts
 from spectune.search.history import History, TrialRecord
 from spectune.settings import Settings
@@ -218,7 +218,7 @@ async def test_status_conflict_is_retried_with_fresh_state(world: FakeWorld) -> 
     assert world.status_writes, "nothing was written after the conflict"
     trials = _trials(world)
     assert [t["arm"] for t in trials] == [TRIAL], trials
-    assert world.status["history"]["history"]["trials"], world.status["history"]
+    assert decode_memory(world.status["history"])["history"]["trials"], world.status["history"]
 
 
 # -- a route change from the traffic-mix query (issue E item 5) ----------------------------------
