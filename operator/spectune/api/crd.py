@@ -55,10 +55,24 @@ _PRINTER_COLUMNS = [
         ".status.applied.speedup",
         "The applied arm's measured gain on the objective against speculation off",
     ),
+    ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status', "Whether tuning runs"),
+    (
+        "Reason",
+        "string",
+        '.status.conditions[?(@.type=="Ready")].reason',
+        "Why (the Ready condition's reason: Tuning, HumanEdit, ManagedTarget, ...)",
+    ),
     ("Age", "date", ".metadata.creationTimestamp", ""),
 ]
 
 _WIDE_COLUMNS = [
+    ("Target", "string", ".spec.targetRef.name", "The Deployment tuned"),
+    (
+        "Trial",
+        "string",
+        '.status.trials[?(@.outcome=="running")].arm',
+        "The arm on trial now (empty between trials)",
+    ),
     (
         "Placement",
         "string",
@@ -202,6 +216,7 @@ def crd_manifest() -> dict[str, Any]:
                 "plural": PLURAL,
                 "singular": SINGULAR,
                 "shortNames": list(SHORT_NAMES),
+                "categories": ["spectune"],
             },
             "versions": [
                 {

@@ -326,7 +326,7 @@ def recommendation_of(
         if minimise is False:
             lo, hi = hi, lo
         if math.isfinite(s):
-            speed = s
+            speed = round(s, 2)
         if math.isfinite(lo) and math.isfinite(hi):
             interval = Interval(low=min(lo, hi), high=max(lo, hi))
     return Recommendation(
@@ -438,6 +438,8 @@ def build_status(previous: SpecTuningStatus, x: StatusInputs) -> dict[str, Any]:
         same = s.applied is not None and s.applied.arm == x.applied.name
         if x.decision is None and same and s.applied is not None:
             speedup = s.applied.speedup  # a step that decided nothing keeps the arm's gain
+        if speedup is not None:
+            speedup = round(speedup, 2)  # SPEEDUP 1.54x: the interval is wider than that
         updates["applied"] = Applied(
             drafter=x.applied.drafter or "off",
             k=x.applied.k,
@@ -451,7 +453,11 @@ def build_status(previous: SpecTuningStatus, x: StatusInputs) -> dict[str, Any]:
     if rec is not None:
         updates["recommendation"] = rec
     if x.acceptance is not None:
-        updates["acceptance"] = x.acceptance
+        # Two decimals for `kubectl get` (ACCEPTANCE 0.62): a window's rate is known to
+        # about ±0.01 at the drafts a trial needs; the per-position curve keeps its digits.
+        updates["acceptance"] = x.acceptance.model_copy(
+            update={"rate": round(x.acceptance.rate, 2)}
+        )
     if x.findings is not None:
         updates["diagnosis"] = x.findings[:16]
     if x.memory is not None:

@@ -327,7 +327,7 @@ def test_install_walkthrough_and_status_commands_on_the_cluster(
         shell.run("kubectl apply -f examples/spectuning.yaml")  # into default: no target there
         readme_get = shell.run("kubectl get spt").stdout.splitlines()[0]
         assert _columns(readme_get) == ["NAME", "PHASE", "DRAFTER", "K", "ACCEPTANCE", "SPEEDUP",
-                                        "AGE"], readme_get  # fmt: skip
+                                        "READY", "REASON", "AGE"], readme_get  # fmt: skip
         all_get = shell.run("kubectl get spt -A").stdout.splitlines()
         assert _columns(all_get[0])[2:7] == ["PHASE", "DRAFTER", "K", "ACCEPTANCE", "SPEEDUP"]
         assert any(line.startswith("llm ") for line in all_get), all_get

@@ -65,6 +65,14 @@ def _resource(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
 
 
+def _cells(header: str, row: str) -> dict[str, str]:
+    """``kubectl get`` output by column, read at the header's offsets (a cell may be empty)."""
+    names = header.split()
+    starts = [header.index(f" {n}") + 1 if i else 0 for i, n in enumerate(names)]
+    ends = [*starts[1:], None]
+    return {n: row[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)}
+
+
 def _create(cluster: Cluster, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
     custom = client.CustomObjectsApi(cluster.api)
     created: dict[str, Any] = custom.create_namespaced_custom_object(
@@ -225,12 +233,20 @@ def test_status_subresource_and_printer_columns(
     assert parse_status(got).applied is not None
 
     table = cluster.kubectl("-n", namespace, "get", "spt", "with-status").stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "DRAFTER", "K", "ACCEPTANCE", "SPEEDUP", "AGE"]
+    assert table[0].split() == [
+        "NAME", "PHASE", "DRAFTER", "K", "ACCEPTANCE", "SPEEDUP", "READY", "REASON", "AGE"
+    ]  # fmt: skip
     # SPEEDUP is the applied arm's measured gain; the recommendation's expected one is wide.
     assert table[1].split()[:6] == ["with-status", "Converged", "eagle3", "3", "0.71", "1.38"]
     wide = cluster.kubectl("-n", namespace, "get", "spt", "with-status", "-o", "wide").stdout
-    head, row = (line.split() for line in wide.splitlines()[:2])
-    assert row[head.index("EXPECTED")] == "1.42"
+    cells = _cells(*wide.splitlines()[:2])
+    assert cells["EXPECTED"] == "1.42"
+    assert (cells["READY"], cells["REASON"]) == ("True", "Converged")
+    assert cells["TARGET"] == BASE["targetRef"]["name"]
+    assert cells["TRIAL"] == ""  # no trial running
+    # The CRD's category: `kubectl get spectune` lists SpecTunings.
+    listed = cluster.kubectl("-n", namespace, "get", "spectune").stdout
+    assert "with-status" in listed, listed
 
     with pytest.raises(ApiException) as err:
         custom.patch_namespaced_custom_object_status(

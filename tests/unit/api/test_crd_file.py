@@ -114,6 +114,7 @@ def test_resource_names_status_subresource_and_printer_columns() -> None:
         "plural": "spectunings",
         "singular": "spectuning",
         "shortNames": ["spt"],
+        "categories": ["spectune"],  # `kubectl get spectune` lists them
     }
     (version,) = spec["versions"]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
@@ -125,15 +126,19 @@ def test_resource_names_status_subresource_and_printer_columns() -> None:
         ("K", ".status.applied.k"),
         ("ACCEPTANCE", ".status.acceptance.rate"),
         ("SPEEDUP", ".status.applied.speedup"),
+        ("READY", '.status.conditions[?(@.type=="Ready")].status'),
+        ("REASON", '.status.conditions[?(@.type=="Ready")].reason'),
         ("AGE", ".metadata.creationTimestamp"),
+        ("TARGET", ".spec.targetRef.name"),
+        ("TRIAL", '.status.trials[?(@.outcome=="running")].arm'),
         ("PLACEMENT", '.status.conditions[?(@.type=="LoadMatched")].reason'),
         ("EXPECTED", ".status.recommendation.expectedSpeedup"),
         ("LOADRATIO", ".status.trials[-1:].loadRatio"),
     ]
-    # The placement, the recommendation's expected speedup and the load ratio are for
-    # `kubectl get spt -o wide` only.
+    # The target, the arm on trial, the placement, the recommendation's expected speedup
+    # and the load ratio are for `kubectl get spt -o wide` only.
     wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
-    assert wide == ["Placement", "Expected", "LoadRatio"]
+    assert wide == ["Target", "Trial", "Placement", "Expected", "LoadRatio"]
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
