@@ -38,6 +38,7 @@ import yaml
 from spectune.bench.oracle import Oracle
 from spectune.bench.runner import bench_objective
 from spectune.bench.scoring import metric_value
+from spectune.k8s.projection import decode_memory
 from spectune.search.arms import Arm, parse_arm
 from spectune.sim.scenario import Scenario, load_scenario
 from tests.e2e.conftest import TIME_SCALE, InjectableSimPods, Install
@@ -415,7 +416,7 @@ def test_an_acceptance_drop_fires_the_drift_alert(world: World) -> None:
     # (kept in status.history with the loop's state): a drop before it would be the
     # reference itself.
     wait_for(
-        lambda: ((world.status().get("history") or {}).get("state") or {}).get(
+        lambda: (decode_memory(world.status().get("history")).get("state") or {}).get(
             "reference_acceptance"
         ),
         timeout=60,

@@ -210,23 +210,27 @@ class Controller:
 
     async def _observe(
         self,
-    ) -> tuple[float, dict[Group, WindowStats], dict[Group, float | None]]:
-        """One window: its start, each group's figures, and the share of it each group's
-        counters span (``Observation.covered``; None when the source read it whole)."""
+    ) -> tuple[float, float, dict[Group, WindowStats], dict[Group, float | None]]:
+        """One window: its start and end, each group's figures, and the share of it each
+        group's counters span (``Observation.covered``; None when the source read it
+        whole). The end is when the source answered, not when the figures were computed."""
         start = self.clock.now()
         groups = await self.metrics.observe(self.config.window_s)
+        end = self.clock.now()
         if not self.config.shared_traffic:
             # An in-place trial window is a switchback pair (k8s/inplace.py): each arm ran
             # window_s, one after the other, with a restart and a wash-out between. The
             # record spans window_s, so its loads (requests per second) read per stretch.
-            start = max(start, self.clock.now() - self.config.window_s)
+            start = max(start, end - self.config.window_s)
         stats = {g: window_stats(o, self.objective) for g, o in groups.items()}
-        return start, stats, {g: o.covered for g, o in groups.items()}
+        return start, end, stats, {g: o.covered for g, o in groups.items()}
 
-    async def _trial_window(self, running: TrialRecord) -> tuple[float, dict[Group, WindowStats]]:
-        """A window of a running trial; its first is measured again, once, when the
-        canary's counters span less than :data:`MIN_COVERED` of it."""
-        start, stats, covered = await self._observe()
+    async def _trial_window(
+        self, running: TrialRecord
+    ) -> tuple[float, float, dict[Group, WindowStats]]:
+        """A window of a running trial (start, end, figures); its first is measured again,
+        once, when the canary's counters span less than :data:`MIN_COVERED` of it."""
+        start, end, stats, covered = await self._observe()
         seen = covered.get(Group.CANARY)
         if not running.windows and seen is not None and seen < MIN_COVERED:
             self._event(
@@ -234,8 +238,8 @@ class Controller:
                 f"{running.arm}: the canary's metrics cover {seen:.0%} of the trial's first "
                 "window (Prometheus first scraped it late); measuring the window again",
             )
-            start, stats, _ = await self._observe()
-        return start, stats
+            start, end, stats, _ = await self._observe()
+        return start, end, stats
 
     # -- re-triggers ------------------------------------------------------------------------
 
@@ -339,10 +343,8 @@ class Controller:
 
     async def _baseline_window(self, dep: Deployment) -> WindowRecord:
         """One window of the incumbent alone, recorded with the arm it ran."""
-        start, stats, _ = await self._observe()
-        w = WindowRecord(
-            start, self.clock.now(), stats.get(Group.INCUMBENT), None, dep.incumbent.name
-        )
+        start, end, stats, _ = await self._observe()
+        w = WindowRecord(start, end, stats.get(Group.INCUMBENT), None, dep.incumbent.name)
         self.history = self.history.add_baseline(w)
         return w
 
@@ -375,10 +377,10 @@ class Controller:
                     await self.clock.sleep(self.config.poll_s)
                 return
             else:
-                start, stats = await self._trial_window(running)
+                start, end, stats = await self._trial_window(running)
                 w = WindowRecord(
                     start,
-                    self.clock.now(),
+                    end,
                     stats.get(Group.INCUMBENT),
                     stats.get(Group.CANARY),
                     dep.incumbent.name,

@@ -302,10 +302,11 @@ def test_install_walkthrough_and_status_commands_on_the_cluster(
         for table in tables[1:]:  # measured by then: every column filled
             assert len(_columns(table[1])) == len(header), table[1]
         # The first window is still running: the incumbent's drafter and k (the target runs
-        # eagle3 at k = 4, as in the walkthrough), acceptance and speedup still empty.
-        shown = ["llama-70b", "Baseline", "eagle3", "4"]
-        assert _columns(got[-1])[:4] == baseline_row[:4] == shown, (got[-1], baseline_row)
-        assert len(_columns(got[-1])) == len(baseline_row) == 5, (got[-1], baseline_row)
+        # eagle3 at k = 4, as in the walkthrough), acceptance and speedup still empty, and
+        # READY True with the reason Tuning.
+        shown = ["llama-70b", "Baseline", "eagle3", "4", "True", "Tuning"]
+        assert _columns(got[-1])[:6] == baseline_row[:6] == shown, (got[-1], baseline_row)
+        assert len(_columns(got[-1])) == len(baseline_row) == 7, (got[-1], baseline_row)
 
         status = yaml.safe_load(shell.run("kubectl get spt -n llm llama-70b -o yaml").stdout)[
             "status"
