@@ -417,7 +417,7 @@ def build_beliefs(
         for w in t.windows:
             if w.incumbent is not None and t.incumbent == incumbent.name:
                 inc_windows.append(w.incumbent)
-            if w.canary is not None:
+            if w.canary is not None and not w.backlog_pair:
                 inc_s = w.incumbent if w.canary.requests > 0 else None
                 at_load = inc_s is not None and same_load(inc_s.running, now_b, SIMILAR_LOAD)
                 if inc_s is not None and offset is not None and at_load:

@@ -287,6 +287,26 @@ def test_a_saturated_incumbent_against_a_canary_that_is_not_is_judged_on_the_win
     assert d.kind is DecisionKind.PROMOTE and d.arm == arm, d.reason
 
 
+def test_a_saturated_incumbent_beside_a_canary_at_half_its_load_measures_nothing() -> None:
+    # One replica and a canary beside it: the canary carries half the per-pod load the
+    # incumbent carried alone, and the incumbent still drains the backlog it built then.
+    # The canary's light batch keeps up whatever its arm; its 0.1x e2e p95 is its share's,
+    # so the window measures neither arm and nothing is promoted on it.
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    history, policy, ctx = _fresh_from_off(world)
+    arm = parse_arm("eagle3/8")
+    saturated_off = replace(world.stats(OFF), queue_p95=20.0, tpot_mean=0.09, objective=0.2,
+                            objective_low=0.19, objective_high=0.21, running=30.0)  # fmt: skip
+    light = replace(world.stats(arm), requests=saturated_off.requests / 2)
+    window = WindowRecord(480, 780, saturated_off, light, "off")
+    assert window.backlog_pair and not saturated(light)
+    trial = TrialRecord(arm.name, OFF.name, 0, 300.0).with_window(window)
+    d = policy.decide(replace(ctx, now_s=780.0), history.add_trial(trial))
+    estimate = d.estimates.get(arm.name)
+    assert estimate is None or not estimate.measured, d.reason
+    assert d.kind is not DecisionKind.PROMOTE, d.reason
+
+
 def test_after_a_load_move_from_off_a_drafter_with_known_acceptance_is_tried() -> None:
     # The load fell while off ran: acceptance carries over, but no draft cost is known at
     # the new load, so nothing can be predicted — the search tries a drafter halfway up its
