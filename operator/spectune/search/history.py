@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from spectune.search.objective import WindowStats
+from spectune.search.objective import WindowStats, saturated
 
 __all__ = [
     "KEPT_EPOCHS",
@@ -109,6 +109,28 @@ class WindowRecord:
         :data:`MATCHED_LOAD_BAND`: only then is the window a matched pair."""
         r = self.load_ratio
         return math.isfinite(r) and abs(r - 1.0) <= MATCHED_LOAD_BAND
+
+    @property
+    def backlog_pair(self) -> bool:
+        """Whether this window pairs a saturated incumbent with a canary that is not and
+        carried less load per pod: then it compares a backlog with a light batch, not
+        two arms.
+
+        A saturated group finishes requests at its capacity, and its latency counts the
+        backlog it built while it carried the load alone (an e2e p95 of minutes) and a
+        batch pinned at its limit. A canary that finished at least as many requests per
+        pod (within :data:`MATCHED_LOAD_BAND`) served at least the load at which the
+        incumbent's arm saturates without saturating: its arm has more capacity, and the
+        contrast is the measurement the search wants. One that finished fewer carried its
+        share of the traffic beside the target — a lighter load at which either arm
+        keeps up — and its low latency is its share's, not its arm's: the window says
+        nothing about either arm at the target's load.
+        """
+        can, inc = self.canary, self.incumbent
+        if can is None or inc is None or not saturated(inc) or saturated(can):
+            return False
+        r = self.load_ratio
+        return math.isfinite(r) and r < 1.0 - MATCHED_LOAD_BAND
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,25 @@ class _Measured:
         return math.exp(float(np.mean(self.tpot_logs))) if self.tpot_logs else math.nan
 
 
+def _capacity_pair(can: WindowStats, inc: WindowStats) -> tuple[float, float, float] | None:
+    """Two saturated sides of a window compared on their service time, or None.
+
+    A saturated group finishes requests at its capacity μ, and a request that finds a
+    backlog B waits B/μ: its latency counts how long the backlog has grown (the
+    incumbent's since before the trial, the canary's since its start), not the arm. At
+    equal backlogs the wait is inversely proportional to the capacity, so the latency
+    ratio the arms would show at the target's load is the inverse ratio of their output
+    tokens per second per pod, with the Poisson spread of the two requests counts
+    (√(1/n₁ + 1/n₂)). A throughput objective is that capacity already.
+    """
+    if not (saturated(can) and saturated(inc)) or not (can.pods and inc.pods):
+        return None
+    rates = [s.tokens_per_s / s.pods for s in (can, inc)]
+    if not all(r > 0 for r in rates) or not (can.requests > 0 and inc.requests > 0):
+        return None
+    return 1.0 / rates[0], 1.0 / rates[1], math.sqrt(1 / can.requests + 1 / inc.requests)
+
+
 def _survival(windows: Iterable[WindowStats]) -> np.ndarray:
     """Pooled P(L ≥ i) per position over windows, each position over the windows that drafted it."""
     acc: dict[int, float] = defaultdict(float)
@@ -402,6 +421,7 @@ def build_beliefs(
         key=lambda w: w.start_s,
     )
     now_b = paired[-1].incumbent.running if paired and paired[-1].incumbent else math.nan
+    by_capacity = False
 
     for name, why in failing_arms(history).items():
         if name != incumbent.name:
@@ -417,11 +437,14 @@ def build_beliefs(
         for w in t.windows:
             if w.incumbent is not None and t.incumbent == incumbent.name:
                 inc_windows.append(w.incumbent)
-            if w.canary is not None:
+            if w.canary is not None and not w.backlog_pair:
                 inc_s = w.incumbent if w.canary.requests > 0 else None
                 at_load = inc_s is not None and same_load(inc_s.running, now_b, SIMILAR_LOAD)
                 if inc_s is not None and offset is not None and at_load:
                     pair = tails.pair(w.canary, t.arm, inc_s, t.incumbent)
+                    capacity = _capacity_pair(w.canary, inc_s) if minimise else None
+                    if capacity is not None:
+                        pair, by_capacity = capacity, True
                     measured[t.arm].add(w.canary, inc_s, sign, pair, offset)
 
     # An earlier incumbent of this epoch is a measured arm too: its offset is its ratio.
@@ -691,6 +714,11 @@ def build_beliefs(
         b.notes.append(
             "the engine exports no per-position acceptance: other k are modelled from a flat "
             "rate and tried rather than trusted"
+        )
+    if by_capacity:
+        b.notes.append(
+            "windows where both sides saturated are compared on output tokens per second per "
+            "pod: a saturated queue's latency is its backlog's age, its service rate the arm's"
         )
     tail_note = tails.note()
     if tail_note is not None:

@@ -1017,7 +1017,7 @@ def _amplified(
         for t in history.in_epoch()
         if t.arm == leader and t.incumbent == incumbent
         for w in t.windows
-        if w.canary is not None and w.incumbent is not None
+        if w.canary is not None and w.incumbent is not None and not w.backlog_pair
     ]
     if saturated(alone[-1]):
         how = "saturates"

@@ -30,8 +30,11 @@ the buckets' resolution — the test a trial's guardrails apply
 (:func:`~spectune.search.spectune_policy.guardrail_breach`). Two disjoint 95 % intervals
 differ at well below 5 % by chance, so one such window is evidence enough to roll back: a
 wrong rollback costs one restart, a missed one costs every user until the next search.
-Objectives without an interval (throughputs, which at an unchanged load equal the offered
-load) are judged on the guardrails only. A p95 the histogram cannot place inside its
+Where the target and its references were all saturated, their latencies count backlogs
+of different ages, and the target is judged on its service rate too: output tokens per
+second per pod below the references' beyond the counts' noise
+(:func:`_slower_when_saturated`). Objectives without an interval (throughputs, which at an
+unchanged load equal the offered load) are judged on the guardrails and that rate only. A p95 the histogram cannot place inside its
 bucket (``WindowStats.objective_bound``: every per-token latency under vLLM's first bucket)
 is judged by the mean per-token latency, which the histogram holds exactly: worse when the
 target's mean exceeds every reference's by more than 1.96·√2 times the window-to-window
@@ -189,6 +192,9 @@ def regression(
                 f"{shown} before, at most {max(highs):.3f}s: worse with confidence",
                 rate,
             )
+    slower = _slower_when_saturated(s, ref)
+    if slower is not None:
+        return Regression(True, slower, rate)
     g = objective.guardrails
     checks = (
         ("TTFT p95", g.max_ttft_p95_regression, s.ttft_p95, s.ttft_p95_low,
@@ -210,6 +216,36 @@ def regression(
                 rate,
             )
     return Regression(True, None, rate)
+
+
+def _slower_when_saturated(s: WindowStats, refs: Sequence[WindowStats]) -> str | None:
+    """Why a saturated target serves fewer tokens than its saturated references, or None.
+
+    A saturated group finishes at its capacity, whatever the offered load above it, and a
+    request that finds a backlog B waits B/capacity: the arm that serves fewer output
+    tokens per second per pod queues longer on every latency objective and serves less on
+    a throughput one, once the backlogs are alike — while each window's latency counts
+    only how long its own backlog has grown. So where the target and every reference
+    were saturated, the target is worse when its rate lies below every reference's by
+    more than the Poisson noise of the two requests counts (1.96·√(1/n₁ + 1/n₂)).
+    """
+    if not saturated(s) or not refs or not all(saturated(r) for r in refs):
+        return None
+    if not (s.pods and s.requests > 0 and s.tokens_per_s > 0):
+        return None
+    mine = s.tokens_per_s / s.pods
+    theirs = [r.tokens_per_s / r.pods for r in refs if r.pods and r.tokens_per_s > 0]
+    if len(theirs) < len(refs) or not all(r.requests > 0 for r in refs):
+        return None
+    noise = max(math.exp(1.96 * math.sqrt(1 / s.requests + 1 / r.requests)) for r in refs)
+    if mine * noise >= min(theirs):
+        return None
+    before = ", ".join(f"{t:.0f}" for t in theirs)
+    return (
+        f"saturated, it served {mine:.0f} output tokens/s per pod vs {before} before, also "
+        f"saturated: below by more than the counts' noise (±{noise - 1:.0%}), so its queue "
+        "grows faster at this load"
+    )
 
 
 def failing_arms(history: History) -> dict[str, str]:

@@ -612,7 +612,14 @@ def test_in_place_on_one_replica_is_a_switchback_with_a_washout_after_each_resta
         notes
     ), notes
     assert arm_of(env.target_args()) in ("off", b)
-    assert arm_of(env.target_args()) == env.status()["applied"]["arm"]
+
+    def agreed() -> str | None:
+        # The decision after the trial (a promotion of B, or keeping A) patches the target
+        # first and the status after it: they agree once that step is written.
+        arm = arm_of(env.target_args())
+        return arm if arm == (env.status().get("applied") or {}).get("arm") else None
+
+    assert wait_for(agreed, timeout=30, message=lambda: f"applied = target; {why()}") in ("off", b)
 
     # Wash-out: every measured stretch starts at least washout_s after its rollout was seen
     # Ready (the watch sees it up to a look late; the operator, up to a poll late). The A

@@ -287,6 +287,51 @@ def test_a_saturated_incumbent_against_a_canary_that_is_not_is_judged_on_the_win
     assert d.kind is DecisionKind.PROMOTE and d.arm == arm, d.reason
 
 
+def test_a_saturated_incumbent_beside_a_canary_at_half_its_load_measures_nothing() -> None:
+    # One replica and a canary beside it: the canary carries half the per-pod load the
+    # incumbent carried alone, and the incumbent still drains the backlog it built then.
+    # The canary's light batch keeps up whatever its arm; its 0.1x e2e p95 is its share's,
+    # so the window measures neither arm and nothing is promoted on it.
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    history, policy, ctx = _fresh_from_off(world)
+    arm = parse_arm("eagle3/8")
+    saturated_off = replace(world.stats(OFF), queue_p95=20.0, tpot_mean=0.09, objective=0.2,
+                            objective_low=0.19, objective_high=0.21, running=30.0)  # fmt: skip
+    light = replace(world.stats(arm), requests=saturated_off.requests / 2)
+    window = WindowRecord(480, 780, saturated_off, light, "off")
+    assert window.backlog_pair and not saturated(light)
+    trial = TrialRecord(arm.name, OFF.name, 0, 300.0).with_window(window)
+    d = policy.decide(replace(ctx, now_s=780.0), history.add_trial(trial))
+    estimate = d.estimates.get(arm.name)
+    assert estimate is None or not estimate.measured, d.reason
+    assert d.kind is not DecisionKind.PROMOTE, d.reason
+
+
+def test_two_saturated_sides_are_compared_on_their_service_rate_not_their_latency() -> None:
+    # Both sides queue for many seconds: the canary's backlog is as old as the trial, the
+    # incumbent's older, so the canary's e2e p95 is lower whatever its arm. It served 40 %
+    # fewer tokens per pod: at the target's load its queue grows faster. Not promoted;
+    # measured worse, by its service rate.
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    history, policy, ctx = _fresh_from_off(world)
+    ctx = replace(ctx, objective=Objective(Metric.E2E_P95))
+    arm = parse_arm("eagle3/8")
+    full = {"queue_p95": 20.0, "queue_p95_low": 18.0, "queue_p95_high": 22.0, "running": 30.0}
+    inc = replace(world.stats(OFF), **full, objective=60.0, objective_low=57.0,
+                  objective_high=63.0)  # fmt: skip
+    can = replace(world.stats(arm), **full, objective=30.0, objective_low=28.5,
+                  objective_high=31.5, requests=inc.requests * 0.6,
+                  tokens_per_s=inc.tokens_per_s * 0.6 * inc.pods / world.stats(arm).pods)  # fmt: skip
+    assert saturated(inc) and saturated(can)
+    window = WindowRecord(480, 780, inc, can, "off")
+    assert not window.backlog_pair  # both saturated: not the other rule's case
+    trial = TrialRecord(arm.name, OFF.name, 0, 300.0).with_window(window)
+    d = policy.decide(replace(ctx, now_s=780.0), history.add_trial(trial))
+    assert d.kind is not DecisionKind.PROMOTE, d.reason
+    estimate = d.estimates[arm.name]
+    assert estimate.measured and estimate.value > 1.5, estimate
+
+
 def test_after_a_load_move_from_off_a_drafter_with_known_acceptance_is_tried() -> None:
     # The load fell while off ran: acceptance carries over, but no draft cost is known at
     # the new load, so nothing can be predicted — the search tries a drafter halfway up its

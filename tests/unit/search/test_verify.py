@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from spectune.search.arms import parse_arm
-from spectune.search.objective import Objective, saturated
+from spectune.search.objective import Metric, Objective, saturated
 from spectune.search.verify import Reference, regression
 from tests.unit.search.test_spectune_policy import WORLDS
 
@@ -58,3 +58,21 @@ def test_a_p95_hidden_under_the_first_bucket_is_judged_by_the_mean_per_token_lat
     # prefills beside each decode: not the arm's doing, no verdict on the objective.
     busier = ref("eagle3/4", 2.6, tpot_mean=0.006, **hidden)
     assert regression(busier, before, Objective(), 1.6).why is None
+
+
+def test_a_saturated_target_slower_than_its_saturated_predecessor_is_a_regression() -> None:
+    # Both queue for a minute. The promoted arm's backlog is younger (it restarted), so
+    # its e2e p95 is the lower one; it serves 30 % fewer tokens per pod, so at this load
+    # its queue grows faster: a regression, on the service rate.
+    objective = Objective(Metric.E2E_P95)
+    queue = {"queue_p95": 60.0, "queue_p95_low": 50.0, "queue_p95_high": 70.0}
+    base = WORLD.stats(parse_arm("off"))
+    before = [ref("off", 2.0, **queue, objective=90.0, objective_low=85.0, objective_high=95.0)]
+    slow = ref("eagle3/4", 1.4, **queue, objective=40.0, objective_low=38.0, objective_high=42.0,
+               tokens_per_s=base.tokens_per_s * 0.7)  # fmt: skip
+    assert saturated(slow.stats) and saturated(before[0].stats)
+    verdict = regression(slow, before, objective, 1.6)
+    assert verdict.judged and verdict.why is not None and "tokens/s" in verdict.why
+    # Serving as many tokens: the younger backlog's lower latency is no regression.
+    level = replace(slow, stats=replace(slow.stats, tokens_per_s=base.tokens_per_s))
+    assert regression(level, before, objective, 1.6).why is None
