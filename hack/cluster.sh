@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # hack/cluster.sh — a real, local Kubernetes control plane (etcd + kube-apiserver + kube-controller-manager
-# + kube-scheduler + kwok fake nodes), plus kubectl and helm, built from Go modules and cached outside the repo.
+# + kube-scheduler + kwok fake nodes), plus kubectl, helm and actionlint, built from Go modules and cached outside the repo.
 #
 #   hack/cluster.sh build   build (or reuse) every binary; pinned versions live in hack/cluster/versions.env
 #   hack/cluster.sh up      start a fresh cluster on free 127.0.0.1 ports; stdout: `export ...` lines only
