@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # hack/cluster.sh — a real, local Kubernetes control plane (etcd + kube-apiserver + kube-controller-manager
-# + kube-scheduler + kwok fake nodes), plus kubectl and helm, built from Go modules and cached outside the repo.
+# + kube-scheduler + kwok fake nodes), plus kubectl, helm and actionlint, built from Go modules and cached outside the repo.
 #
 #   hack/cluster.sh build   build (or reuse) every binary; pinned versions live in hack/cluster/versions.env
 #   hack/cluster.sh up      start a fresh cluster on free 127.0.0.1 ports; stdout: `export ...` lines only
@@ -154,6 +154,13 @@ build_helm() {
   "$BIN/helm" version | grep -q "${HELM_VERSION}"
 }
 
+build_actionlint() {
+  GOBIN=$BIN goenv install -trimpath -ldflags "-s -w -X github.com/rhysd/actionlint.version=${ACTIONLINT_VERSION}" \
+    "github.com/rhysd/actionlint/cmd/actionlint@${ACTIONLINT_VERSION}"
+  "$BIN/actionlint" -version
+  "$BIN/actionlint" -version | grep -q "${ACTIONLINT_VERSION#v}"
+}
+
 cmd_build() {
   local t0; t0=$(date +%s)
   local t
@@ -169,6 +176,8 @@ cmd_build() {
   case $only in all|k8s) step k8s build_k8s kube-apiserver kube-controller-manager kube-scheduler kubectl ;; esac
   case $only in all|kwok) step kwok build_kwok kwok ;; esac
   case $only in all|helm) step helm build_helm helm ;; esac
+  # the stamp is named by the version: a bump rebuilds it without invalidating the cluster's cache
+  case $only in all|actionlint) step "actionlint-${ACTIONLINT_VERSION}" build_actionlint actionlint ;; esac
   log "build done in $(( $(date +%s) - t0 ))s; binaries in $BIN"
 }
 

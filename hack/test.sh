@@ -40,6 +40,7 @@ lint-imports
 step "generated files are current (chart values table, dashboard, CRD)"
 python hack/chart-readme.py --check
 python hack/dashboard.py --check
+python hack/install-manifest.py --check  # deploy/install.yaml is the chart's helm template
 spectune crd | diff -u crds/spectune.io_spectunings.yaml - >/dev/null \
   || { echo "crds/ is stale: run spectune crd --out crds/spectune.io_spectunings.yaml" >&2; exit 1; }
 

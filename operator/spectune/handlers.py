@@ -33,7 +33,7 @@ from spectune.k8s.telemetry import OperatorMetrics
 from spectune.k8s.tuning import TuningLoop, WallClock, check_supported, cleanup
 from spectune.settings import Settings, seniority_priority
 
-__all__ = ["run_operator"]
+__all__ = ["configure_logging", "run_operator"]
 
 _PREFIX = "spectune.io"
 #: Threads for the blocking Kubernetes and Prometheus calls of every SpecTuning together.
@@ -176,9 +176,32 @@ async def delete(
     logger.info(str(report))
 
 
-def run_operator(settings: Settings, *, verbose: bool = False) -> None:
+def configure_logging(level: str = "info", log_format: str = "full") -> None:
+    """Set the root logger's level and kopf's format (``full``, ``plain`` or ``json``).
+
+    JSON lines carry the object a message concerns (kopf's ``object`` key: the SpecTuning's
+    namespace and name), so a log pipeline can filter one SpecTuning's story.
+    """
+    formats = {
+        "full": kopf.LogFormat.FULL,
+        "plain": kopf.LogFormat.PLAIN,
+        "json": kopf.LogFormat.JSON,
+    }
+    if log_format not in formats:
+        raise SpecError(f"log format {log_format!r}: use one of {', '.join(formats)}")
+    levels = {
+        "debug": logging.DEBUG, "info": logging.INFO,
+        "warning": logging.WARNING, "error": logging.ERROR,
+    }  # fmt: skip
+    if level not in levels:
+        raise SpecError(f"log level {level!r}: use one of {', '.join(levels)}")
+    kopf.configure(debug=level == "debug", log_format=formats[log_format], log_refkey="object")
+    logging.getLogger().setLevel(levels[level])
+
+
+def run_operator(settings: Settings, *, log_level: str = "info", log_format: str = "full") -> None:
     """Run the operator in this process until it is stopped (SIGTERM/SIGINT)."""
-    kopf.configure(verbose=verbose)
+    configure_logging(log_level, log_format)
     liveness = (
         f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
     )

@@ -21,13 +21,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
+from spectune.diagnose import Diagnosis
+from spectune.errors import SpecTuneError
+
+try:
+    import matplotlib
+except ModuleNotFoundError as exc:  # the operator image installs spectune without the extra
+    raise SpecTuneError(
+        "plotting needs matplotlib, which a plain `pip install spectune` (and the operator "
+        "image) leaves out: pip install 'spectune[plot]'"
+    ) from exc
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
-
-from spectune.diagnose import Diagnosis
 
 __all__ = ["Choice", "write_report"]
 

@@ -11,7 +11,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main", "register", "run_command"]
+__all__ = ["LOG_FORMATS", "LOG_LEVELS", "main", "register", "run_command"]
+
+#: ``--log-level`` choices, least to most severe.
+LOG_LEVELS = ("debug", "info", "warning", "error")
+#: ``--log-format`` choices: kopf's formats.
+LOG_FORMATS = ("full", "plain", "json")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,6 +33,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     run.add_argument("--verbose", action="store_true", help="log kopf's debug messages")
+    run.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="the least severe messages logged (default: info; --verbose means debug)",
+    )
+    run.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="full",
+        help=(
+            "full: timestamped text; plain: the message only; json: one JSON object a line, "
+            "with the object it concerns (default: full)"
+        ),
+    )
     run.set_defaults(func=run_command)
 
 
@@ -36,7 +56,8 @@ def run_command(args: argparse.Namespace) -> int:
     from spectune.handlers import run_operator
     from spectune.settings import Settings
 
-    run_operator(Settings.from_env(), verbose=bool(args.verbose))
+    level = "debug" if args.verbose else str(args.log_level)
+    run_operator(Settings.from_env(), log_level=level, log_format=str(args.log_format))
     return 0
 
 

@@ -142,6 +142,7 @@ __all__ = [
     "check_supported",
     "cleanup",
     "detect_engine",
+    "scaled_to_zero",
 ]
 
 log = logging.getLogger(__name__)
@@ -402,6 +403,19 @@ def check_remote_code(
     ]
     if refusals:
         raise SpecError("; ".join(refusals))
+
+
+def scaled_to_zero(target: Obj) -> bool:
+    """Whether the target Deployment asks for no pod (``spec.replicas: 0``).
+
+    A Deployment scaled to zero (KEDA's ``minReplicaCount: 0`` when idle, or by hand) serves
+    no request: a window measures nothing, and a canary started beside it would be the only
+    pod serving, with no incumbent under the same traffic to compare with. So no trial
+    starts and a running one ends; spectune never scales a target up itself (the count is
+    the autoscaler's). An absent ``replicas`` defaults to 1, as the API server's does.
+    """
+    replicas = (target.get("spec") or {}).get("replicas", 1)
+    return replicas is not None and int(replicas) == 0
 
 
 def _load_matched(dep: Deployment) -> ConditionUpdate:
@@ -1259,6 +1273,9 @@ class TuningLoop:
         if owner is not None and not spec.target_ref.allow_managed:
             await self._managed(b, target, owner)
             return
+        if scaled_to_zero(target):
+            await self._scaled_to_zero(b, target)
+            return
         annotations = target.get("metadata", {}).get("annotations") or {}
         if ANNOTATION_FINGERPRINT not in annotations:
             await kube.adopt(target)
@@ -1461,6 +1478,19 @@ class TuningLoop:
             "patch of the engine's arguments; nothing is patched. Tune the object that "
             "controller reads, or set spec.targetRef.allowManaged: true if it leaves the "
             "container's arguments alone",
+        )
+
+    async def _scaled_to_zero(self, b: _Built, target: Obj) -> None:
+        name = target["metadata"]["name"]
+        await self._hold(
+            b,
+            "ScaledToZero",
+            "the target was scaled to zero",
+            f"Deployment {name} was scaled to zero replicas; tuning waits for it to scale up",
+            f"Deployment {name} has 0 replicas (an autoscaler such as KEDA scaled it to zero, "
+            "or someone did): no pod serves, so there is nothing to measure and no incumbent "
+            "to compare a canary with. Tuning waits, with nothing patched; it resumes when "
+            "the target has replicas again",
         )
 
     async def _hold(self, b: _Built, reason: str, trial_why: str, event: str, message: str) -> None:

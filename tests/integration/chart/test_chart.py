@@ -31,12 +31,21 @@ RULES = REPO / "deploy" / "alerts" / "spectune-rules.yaml"
 RULE_TESTS = REPO / "deploy" / "alerts" / "spectune-rules.test.yaml"
 EXAMPLE = REPO / "examples" / "spectuning.yaml"
 
+#: What `helm template` is told the cluster serves (the Prometheus Operator's kinds), as
+#: Argo CD and `helm install` do from the cluster itself.
+MONITORING_APIS = [
+    "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor",
+    "--api-versions", "monitoring.coreos.com/v1/PrometheusRule",
+]  # fmt: skip
 ALL_OPTIONAL = [
     "--set", "serviceMonitor.enabled=true",
     "--set", "prometheusRule.enabled=true",
     "--set", "dashboard.enabled=true",
     "--set", "crds.manage=true",
+    *MONITORING_APIS,
 ]  # fmt: skip
+#: The optional objects `helm lint` can render: it has no --api-versions, so no monitoring kind.
+LINTABLE_OPTIONAL = ["--set", "dashboard.enabled=true", "--set", "crds.manage=true"]
 
 
 def _helm(bin_dir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -86,7 +95,7 @@ def _all_rules(kinds: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 def test_helm_lint_strict(cluster_bin: Path) -> None:
     for extra in (
         [],
-        ALL_OPTIONAL,
+        LINTABLE_OPTIONAL,
         ["--set", "watchNamespaces={llm,llm-b}"],
         ["--set", "clusterWide=true", "--set", "replicas=2"],
         ["--set", "replicas=3", "--set", "rbac.prometheusCredentials=true"],
@@ -108,14 +117,28 @@ def test_template_default_is_the_release_namespace_with_the_rbac_of_deploy(
         "RoleBinding",
         "Deployment",
         "Service",
+        "Job",  # the `helm test` hook
     }
     plain = _rbac_view([d for d in yaml.safe_load_all(RBAC.read_text()) if d])
-    rendered = _rbac_view(_template(cluster_bin, "--set", "fullnameOverride=spectune-operator"))
+    rendered = _rbac_view(
+        _template(
+            cluster_bin,
+            "--set", "fullnameOverride=spectune-operator",
+            "--set", "rbac.aggregateToDefaultRoles=false",
+        )
+    )  # fmt: skip
     assert rendered == plain
     # Cluster-wide, only the CRD watch; everything else is bound in spectune-system alone.
     (binding,) = kinds["ClusterRoleBinding"]
     (cluster_role,) = [
         r for r in kinds["ClusterRole"] if r["metadata"]["name"] == "spectune-cluster"
+    ]
+    # besides the operator's own, the two aggregated roles (tested on the cluster below)
+    assert sorted(r["metadata"]["name"] for r in kinds["ClusterRole"]) == [
+        "spectune",
+        "spectune-cluster",
+        "spectune-edit",
+        "spectune-view",
     ]
     assert binding["roleRef"]["name"] == "spectune-cluster"
     assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"]]
@@ -138,6 +161,8 @@ def test_template_default_is_the_release_namespace_with_the_rbac_of_deploy(
 
     (dep,) = kinds["Deployment"]
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["args"] == ["--log-level=info", "--log-format=full"]
     assert dep["spec"]["replicas"] == 1
     pod = dep["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -317,9 +342,9 @@ def test_promtool_unit_tests_pass_on_the_rendered_prometheusrule(
     promtool unit tests of deploy/alerts/: the PrometheusRule alerts exactly as the plain file."""
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found: install Debian's prometheus package (hack/test.sh does)"
-    (rule,) = _by_kind(_template(cluster_bin, "--set", "prometheusRule.enabled=true"))[
-        "PrometheusRule"
-    ]
+    (rule,) = _by_kind(
+        _template(cluster_bin, "--set", "prometheusRule.enabled=true", *MONITORING_APIS)
+    )["PrometheusRule"]
     (tmp_path / "spectune-rules.yaml").write_text(
         yaml.safe_dump({"groups": rule["spec"]["groups"]})
     )
@@ -533,3 +558,369 @@ def test_template_operator_bounds_and_the_drafter_allow_list(cluster_bin: Path) 
     allowed = "operator.drafterModelAllowList={yuhuili/*,meta-llama/Llama-3.2-1B}"
     env = _env(_by_kind(_template(cluster_bin, "--set", allowed))["Deployment"][0])
     assert env["SPECTUNE_DRAFTER_MODEL_ALLOW_LIST"] == "yuhuili/*,meta-llama/Llama-3.2-1B"
+
+
+# --- item 8: a chart that fits a platform's conventions --------------------------------------
+
+
+def test_monitoring_kinds_need_the_prometheus_operator(cluster_bin: Path) -> None:
+    """Asking for a ServiceMonitor or PrometheusRule on a cluster without the Prometheus
+    Operator's CRDs is refused before anything is applied, naming the value and the fix."""
+    for kind, value in (("ServiceMonitor", "serviceMonitor"), ("PrometheusRule", "prometheusRule")):
+        proc = _helm(
+            cluster_bin, "template", "x", str(CHART), "--set", f"{value}.enabled=true", check=False
+        )
+        assert proc.returncode != 0
+        assert (
+            f"{value}.enabled=true but the cluster serves no monitoring.coreos.com/v1 {kind}"
+            in proc.stderr
+        ), proc.stderr
+        assert f"--api-versions monitoring.coreos.com/v1/{kind}" in proc.stderr
+        kinds = _by_kind(
+            _template(
+                cluster_bin, "--set", f"{value}.enabled=true",
+                "--api-versions", f"monitoring.coreos.com/v1/{kind}",
+            )
+        )  # fmt: skip
+        assert kind in kinds
+
+
+def test_servicemonitor_honours_labels_and_takes_namespace_and_relabelings(
+    cluster_bin: Path, tmp_path: Path
+) -> None:
+    (sm,) = _by_kind(_template(cluster_bin, *ALL_OPTIONAL))["ServiceMonitor"]
+    (endpoint,) = sm["spec"]["endpoints"]
+    # the operator's series carry the SpecTuning's namespace: kept, not exported_namespace
+    assert endpoint["honorLabels"] is True
+    assert "relabelings" not in endpoint and "metricRelabelings" not in endpoint
+    assert sm["metadata"]["namespace"] == "spectune-system"
+    values = tmp_path / "values.yaml"
+    relabel = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}]
+    drop = [{"sourceLabels": ["__name__"], "regex": "spectune_drift_ratio", "action": "drop"}]
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "serviceMonitor": {
+                    "namespace": "monitoring",
+                    "relabelings": relabel,
+                    "metricRelabelings": drop,
+                },
+                "prometheusRule": {"namespace": "monitoring"},
+            }
+        )
+    )
+    kinds = _by_kind(_template(cluster_bin, *ALL_OPTIONAL, "-f", str(values)))
+    (sm,) = kinds["ServiceMonitor"]
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert sm["metadata"]["namespace"] == "monitoring"
+    # ...and still selects the Service where it is, in the release namespace
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": ["spectune-system"]}
+    assert endpoint["relabelings"] == relabel
+    assert endpoint["metricRelabelings"] == drop
+    assert kinds["PrometheusRule"][0]["metadata"]["namespace"] == "monitoring"
+
+
+def _alerts(rule_doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for g in rule_doc["spec"]["groups"] for r in g["rules"] if "alert" in r}
+
+
+def test_alert_thresholds_are_values(cluster_bin: Path, tmp_path: Path) -> None:
+    """Each threshold and duration of prometheusRule.alerts reaches its alert's expression,
+    its `for` and its description; the operator-down alert selects this release's Service."""
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "prometheusRule": {
+                    "enabled": True,
+                    "alerts": {
+                        "acceptanceDrift": {"ratio": 0.7, "for": "1h"},
+                        "speculationRegressed": {"speedup": 0.9, "for": "45m"},
+                        "metricsSourceDown": {"failedWindows": 5, "for": "20m"},
+                        "tuningStuck": {"for": "3h"},
+                        "operatorDown": {"for": "5m"},
+                    },
+                }
+            }
+        )
+    )
+    (doc,) = _by_kind(_template(cluster_bin, "-f", str(values), *MONITORING_APIS))["PrometheusRule"]
+    a = _alerts(doc)
+    drift = a["SpecTuneAcceptanceDrift"]
+    assert drift["for"] == "1h" and ") < 0.7\n" in drift["expr"]
+    assert (
+        "baseline for 1h: below the drift threshold of 0.7 " in drift["annotations"]["description"]
+    )
+    reg = a["SpecTuneSpeculationRegressed"]
+    assert reg["for"] == "45m" and reg["expr"].count("< 0.9\n") == 2
+    assert "(below 0.9x for 45m)" in reg["annotations"]["description"]
+    down = a["SpecTuneMetricsSourceDown"]
+    assert down["for"] == "20m" and ">= 5\n" in down["expr"]
+    assert "scraped for 20m" in down["annotations"]["description"]
+    assert a["SpecTuneTuningStuck"]["for"] == "3h"
+    op = a["SpecTuneOperatorDown"]
+    assert op["for"] == "5m"
+    # release "spectune": its Service is spectune-metrics, the plain file's job
+    assert 'up{job="spectune-metrics"}' in op["expr"]
+    blue = _helm(
+        cluster_bin, "template", "blue", str(CHART), "-n", "spectune-system",
+        "--set", "prometheusRule.enabled=true", *MONITORING_APIS,
+    ).stdout  # fmt: skip
+    (other,) = _by_kind([d for d in yaml.safe_load_all(blue) if d])["PrometheusRule"]
+    expr = _alerts(other)["SpecTuneOperatorDown"]["expr"]
+    assert 'up{job="blue-spectune-metrics"}' in expr and 'job="spectune-metrics"' not in expr
+
+    # promtool: the rendered operator-down alert fires 5 minutes after the last good scrape
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: install Debian's prometheus package (hack/test.sh does)"
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": doc["spec"]["groups"]}))
+    annotations = {
+        k: v.replace("{{ $labels.job }}", "spectune-metrics") for k, v in op["annotations"].items()
+    }
+    assert "has succeeded for 5m:" in annotations["description"]
+    (tmp_path / "tests.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": ["rules.yaml"],
+                "evaluation_interval": "1m",
+                "tests": [
+                    {
+                        "interval": "1m",
+                        "input_series": [
+                            {"series": 'up{job="spectune-metrics"}', "values": "1x10 0x20"}
+                        ],
+                        "alert_rule_test": [
+                            {"alertname": "SpecTuneOperatorDown", "eval_time": "14m",
+                             "exp_alerts": []},
+                            {"alertname": "SpecTuneOperatorDown", "eval_time": "16m",
+                             "exp_alerts": [
+                                 {"exp_labels": {"severity": "warning", "job": "spectune-metrics"},
+                                  "exp_annotations": annotations}
+                             ]},
+                        ],
+                    }
+                ],
+            }
+        )
+    )  # fmt: skip
+    proc = subprocess.run(
+        [promtool, "test", "rules", "tests.yaml"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_global_log_format_and_extra_volumes(cluster_bin: Path, tmp_path: Path) -> None:
+    """An umbrella chart's global registry and pull secrets; the log flags; a CA bundle
+    mounted from a ConfigMap (for an HTTPS Prometheus with a private CA)."""
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "global": {
+                    "imageRegistry": "mirror.example.com",
+                    "imagePullSecrets": [{"name": "mirror-pull"}],
+                    "storageClass": "ignored-by-spectune",
+                },
+                "imagePullSecrets": [{"name": "own-pull"}],
+                "operator": {"logLevel": "warning", "logFormat": "json"},
+                "extraVolumes": [{"name": "prometheus-ca", "configMap": {"name": "prom-ca"}}],
+                "extraVolumeMounts": [
+                    {"name": "prometheus-ca", "mountPath": "/etc/spectune/ca", "readOnly": True}
+                ],
+            }
+        )
+    )
+    kinds = _by_kind(_template(cluster_bin, "-f", str(values)))
+    (dep,) = kinds["Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == "mirror.example.com/spectune/spectune:0.1.0"
+    assert pod["imagePullSecrets"] == [{"name": "own-pull"}, {"name": "mirror-pull"}]
+    assert c["args"] == ["--log-level=warning", "--log-format=json"]
+    assert {"name": "prometheus-ca", "configMap": {"name": "prom-ca"}} in pod["volumes"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    assert {
+        "name": "prometheus-ca", "mountPath": "/etc/spectune/ca", "readOnly": True
+    } in c["volumeMounts"]  # fmt: skip
+    (job,) = kinds["Job"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == c["image"]
+    # verbose still means debug
+    (dep,) = _by_kind(_template(cluster_bin, "--set", "operator.verbose=true"))["Deployment"]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["args"][0] == "--log-level=debug"
+    for bad in ("operator.logFormat=xml", "operator.logLevel=loud"):
+        proc = _helm(cluster_bin, "template", "x", str(CHART), "--set", bad, check=False)
+        assert proc.returncode != 0 and "schema" in proc.stderr, (bad, proc.stderr)
+
+
+def test_helm_test_job_never_carries_the_operator_selector(cluster_bin: Path) -> None:
+    kinds = _by_kind(_template(cluster_bin))
+    (job,) = kinds["Job"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    selector = kinds["Service"][0]["spec"]["selector"]
+    assert not set(selector.items()) <= set(labels.items()), "the Service would route to it"
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["METRICS_URL"] == "http://spectune-metrics.spectune-system.svc:8081/metrics"
+    off = _by_kind(_template(cluster_bin, "--set", "tests.enabled=false"))
+    assert "Job" not in off
+
+
+def test_artifact_hub_annotations(cluster: Cluster, namespace: str) -> None:
+    """The Artifact Hub annotations parse; the image they list is the chart's; the example
+    SpecTuning they show is accepted by the real API server."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    ann = chart["annotations"]
+    assert ann["artifacthub.io/license"] == "Apache-2.0"
+    assert ann["artifacthub.io/operator"] == "true"
+    (image,) = yaml.safe_load(ann["artifacthub.io/images"])
+    assert image["image"] == f"ghcr.io/spectune/spectune:{chart['appVersion']}"
+    (crd,) = yaml.safe_load(ann["artifacthub.io/crds"])
+    source = yaml.safe_load((REPO / "crds" / "spectune.io_spectunings.yaml").read_text())
+    assert crd["name"] == source["metadata"]["name"]
+    assert crd["version"] in [v["name"] for v in source["spec"]["versions"]]
+    for link in yaml.safe_load(ann["artifacthub.io/links"]):
+        assert link["url"].startswith("https://")
+    (example,) = yaml.safe_load(ann["artifacthub.io/crdsExamples"])
+    cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(example)
+    )
+
+
+def _umbrella(tmp_path: Path) -> Path:
+    """An umbrella chart that depends on spectune (file://) and sets global values."""
+    umbrella = tmp_path / "platform"
+    (umbrella / "templates").mkdir(parents=True)
+    (umbrella / "Chart.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v2",
+                "name": "platform",
+                "version": "1.0.0",
+                "dependencies": [
+                    {"name": "spectune", "version": "0.1.0", "repository": f"file://{CHART}"}
+                ],
+            }
+        )
+    )
+    (umbrella / "values.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"imageRegistry": "mirror.example.com", "team": "llm-platform"},
+                "spectune": {"operator": {"logFormat": "json"}},
+            }
+        )
+    )
+    return umbrella
+
+
+def test_installs_as_a_subchart_and_passes_helm_test(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """From an umbrella chart with `global` values (keys of its own among them): installed on
+    the real API server the operator comes up with the global registry, `helm test` runs the
+    chart's test Job to completion (kwok completes the pod), and the aggregated roles give the
+    namespace's viewers read access and its editors write access to SpecTunings."""
+    umbrella = _umbrella(tmp_path)
+    cluster.helm("dependency", "update", str(umbrella))
+    release = f"plat-{uuid.uuid4().hex[:6]}"
+    cluster.helm(
+        "install", release, str(umbrella), "-n", namespace, "--wait", "--timeout", "120s",
+        timeout=180,
+    )  # fmt: skip
+    try:
+        name = f"{release}-spectune"
+        dep = json.loads(
+            cluster.kubectl("get", "deploy", name, "-n", namespace, "-o", "json").stdout
+        )
+        assert dep["status"].get("readyReplicas") == 1
+        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        assert c["image"] == "mirror.example.com/spectune/spectune:0.1.0"
+        assert "--log-format=json" in c["args"]
+
+        tested = cluster.helm("test", release, "-n", namespace, "--timeout", "120s", timeout=180)
+        assert f"TEST SUITE:     {name}-test" in tested.stdout, tested.stdout
+        assert "Phase:          Succeeded" in tested.stdout, tested.stdout
+
+        # the built-in view/edit roles aggregate spectune's rules
+        for user, role in (("alice", "view"), ("bob", "edit")):
+            cluster.kubectl(
+                "create", "rolebinding", f"{user}-{role}", f"--clusterrole={role}",
+                f"--user={user}", "-n", namespace,
+            )  # fmt: skip
+
+        def can(user: str, verb: str, resource: str = "spectunings.spectune.io") -> bool:
+            args = ["auth", "can-i", verb]
+            if resource.endswith("/status"):
+                args += [resource.removesuffix("/status"), "--subresource=status"]
+            else:
+                args.append(resource)
+            out = cluster.kubectl(*args, "-n", namespace, f"--as={user}", check=False)
+            return out.stdout.strip() == "yes"
+
+        wait_for(
+            lambda: can("alice", "list") and can("bob", "create"),
+            timeout=60,
+            message="the clusterrole-aggregation controller to extend view and edit",
+        )
+        assert can("alice", "watch") and can("alice", "get")
+        assert not can("alice", "create") and not can("alice", "delete")
+        assert can("bob", "patch") and can("bob", "delete")
+        assert not can("bob", "patch", "spectunings.spectune.io/status"), "the operator's"
+    finally:
+        cluster.helm("uninstall", release, "-n", namespace, "--wait", "--timeout", "60s")
+
+
+def test_helm_test_script_reads_a_real_operator_metrics_page(cluster_bin: Path) -> None:
+    """kwok completes the test Job without running it, so its script runs here: against the
+    operator's real /metrics server it passes; against another server it fails, saying why."""
+    import socket
+    import sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from threading import Thread
+
+    from spectune.k8s.telemetry import OperatorMetrics
+
+    (job,) = _by_kind(_template(cluster_bin))["Job"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["python", "-c"]
+    script = container["command"][2]
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    def run(url: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", script],
+            env={"METRICS_URL": url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    port = free_port()
+    OperatorMetrics().serve(port)
+    ok = run(f"http://127.0.0.1:{port}/metrics")
+    assert ok.returncode == 0, ok.stderr
+    assert "spectune's metrics are served" in ok.stdout
+
+    class Other(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"# TYPE up gauge\nup 1\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    other = HTTPServer(("127.0.0.1", 0), Other)
+    Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        bad = run(f"http://127.0.0.1:{other.server_address[1]}/metrics")
+    finally:
+        other.shutdown()
+    assert bad.returncode != 0
+    assert "not with spectune's metrics" in bad.stderr, bad.stderr

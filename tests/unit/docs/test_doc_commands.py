@@ -66,9 +66,11 @@ def test_the_extractor_sees_continuations_comments_and_alternatives(tmp_path: Pa
 
 def test_ci_commands_are_what_ci_runs() -> None:
     ci = commands_of("ci")
-    assert set(ci) == {"python3 -m pip install -e .", "bash hack/test.sh"}
+    assert set(ci) == {"python3 -m pip install -e '.[plot]'", "bash hack/test.sh"}
     assert "exec bash hack/test.sh" in (REPO / ".ci" / "run").read_text()
     assert re.search(r"pip install .*-e '\.\[test\]'", (REPO / "hack" / "test.sh").read_text())
+    # the test extra brings the plot extra the README's command installs
+    assert '"spectune[plot]"' in (REPO / "pyproject.toml").read_text().split("test = [", 1)[1]
 
 
 def test_docker_build_is_replayed_by_the_dockerfile_test() -> None:

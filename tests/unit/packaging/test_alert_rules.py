@@ -27,6 +27,7 @@ ALERTS = {
     "SpecTuneSpeculationRegressed",
     "SpecTuneMetricsSourceDown",
     "SpecTuneTuningStuck",
+    "SpecTuneOperatorDown",
 }
 
 

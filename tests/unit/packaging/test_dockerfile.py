@@ -5,6 +5,7 @@ copies installs into a clean virtual environment, and ``spectune run --help`` wo
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -67,6 +68,9 @@ def test_dockerfile_is_multi_stage_pinned_non_root_with_the_operator_entrypoint(
     build_runs = " ".join(rest for op, rest in build.instructions if op == "RUN")
     assert "pip wheel" in build_runs and "-w /wheels" in build_runs, "the wheel is built first"
     assert re.search(r"pip install .*spectune-\*\.whl", build_runs), "...and installed from it"
+    assert re.search(r"pip install .*-c constraints\.txt .*spectune-\*\.whl", build_runs), (
+        "...at the versions of constraints.txt"
+    )
 
     ops = [op for op, _ in final.instructions]
     final_runs = " ".join(rest for op, rest in final.instructions if op == "RUN")
@@ -82,6 +86,10 @@ def test_dockerfile_is_multi_stage_pinned_non_root_with_the_operator_entrypoint(
     assert ops.index("USER") < ops.index("ENTRYPOINT")
     (entrypoint,) = [rest for op, rest in final.instructions if op == "ENTRYPOINT"]
     assert json.loads(entrypoint) == ["spectune", "run"]
+    labels = " ".join(rest for op, rest in final.instructions if op == "LABEL")
+    for key in ("source", "version", "revision", "licenses"):
+        assert f"org.opencontainers.image.{key}=" in labels, key
+    assert 'org.opencontainers.image.licenses="Apache-2.0"' in labels
     exposed = " ".join(rest for op, rest in final.instructions if op == "EXPOSE").split()
     assert {"8080", "8081"} <= set(exposed), "the liveness and metrics ports of the chart"
 
@@ -130,9 +138,17 @@ def test_wheel_installs_into_a_clean_venv_and_runs(tmp_path: Path) -> None:
                     shutil.copy2(path, src / path.name)
     wheels = tmp_path / "wheels"
 
+    # a clean environment: the worktree on PYTHONPATH would pass for an installed spectune
+    clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
     def run(*cmd: str | Path, timeout: float = 300) -> str:
         proc = subprocess.run(
-            [str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, check=False
+            [str(c) for c in cmd],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=clean_env,
         )
         assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         return proc.stdout
@@ -142,7 +158,26 @@ def test_wheel_installs_into_a_clean_venv_and_runs(tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True, clear=True)
     bindir = env_dir / "bin"
-    run(bindir / "python", "-m", "pip", "install", "-q", "--only-binary=:all:", wheel, timeout=600)
+    constraints = src / "constraints.txt"
+    assert constraints.is_file(), "the build stage copies the constraints file"
+    run(
+        bindir / "python", "-m", "pip", "install", "-q", "--only-binary=:all:",
+        "-c", constraints, wheel,
+        timeout=600,
+    )  # fmt: skip
+    # every package the image carries is pinned by constraints.txt, at that version, and the
+    # plotting extra (matplotlib) is not among them
+    pinned = {
+        line.split("==")[0].lower().replace("_", "-"): line.split("==")[1]
+        for line in constraints.read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    frozen = run(bindir / "python", "-m", "pip", "freeze", "--exclude", "spectune").split()
+    installed = {
+        line.split("==")[0].lower().replace("_", "-"): line.split("==")[1] for line in frozen
+    }
+    assert installed == pinned, set(installed.items()) ^ set(pinned.items())
+    assert "matplotlib" not in installed
     out = run(bindir / "spectune", "run", "--help")
     assert "usage: spectune run" in out and "SPECTUNE_NAMESPACES" in out
     # the operator's modules import (kopf and the kubernetes client are installed), and the
@@ -152,3 +187,15 @@ def test_wheel_installs_into_a_clean_venv_and_runs(tmp_path: Path) -> None:
     assert "spectune/py.typed" in listing
     assert "spectune/examples/" in listing
     assert "tests/" not in listing
+    # without the plot extra, `spectune report` says which extra to install, in one line
+    proc = subprocess.run(
+        [str(bindir / "spectune"), "report", "--example", "--out", str(tmp_path / "report")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=clean_env,
+    )
+    assert proc.returncode != 0
+    assert "pip install 'spectune[plot]'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
