@@ -49,7 +49,7 @@ from spectune.errors import (
 )
 from spectune.metrics.exposition import Sample, Snapshot
 from spectune.metrics.observation import Observation, observation_from_pages
-from spectune.selectors import validate_selector
+from spectune.selectors import check_headers, check_label_name, validate_selector
 
 __all__ = ["PrometheusSource", "answer", "check_headers", "tls_context", "validate_selector"]
 
@@ -61,41 +61,6 @@ Result = list[dict[str, Any]]
 #: is Prometheus' own answer, and the user should see it at once.
 RETRY_STATUSES = frozenset({502, 503, 504})
 RETRY_DELAYS = (0.2, 0.4)
-
-#: Header names spectune sets itself or that would redirect the request; never "extra".
-_RESERVED_HEADERS = frozenset(
-    {"authorization", "host", "content-length", "content-type", "transfer-encoding",
-     "connection", "cookie"}
-)  # fmt: skip
-_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
-_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-
-
-def check_headers(headers: Mapping[str, str], field: str) -> dict[str, str]:
-    """Extra HTTP headers, checked: RFC 9110 token names, one-line printable values.
-
-    ``Authorization`` comes from a Secret (``authSecretRef``), never from plain text, and
-    the framing headers are httpx's; naming one is bad input.
-
-    >>> check_headers({"X-Scope-OrgID": "tenant-a"}, "--header")
-    {'X-Scope-OrgID': 'tenant-a'}
-    """
-    out: dict[str, str] = {}
-    for name, value in headers.items():
-        if not _TOKEN.match(name):
-            raise InputError(f"{field}: {name!r} is not an HTTP header name")
-        if name.lower() in _RESERVED_HEADERS:
-            hint = (
-                " (credentials come from authSecretRef)" if name.lower() == "authorization" else ""
-            )
-            raise InputError(f"{field}: the {name} header cannot be set here{hint}")
-        if not value.isprintable() or len(value) > 4096:
-            raise InputError(
-                f"{field}: the value of {name} must be one printable line of at most 4096 "
-                "characters"
-            )
-        out[name] = value
-    return out
 
 
 def tls_context(ca_pem: str | None = None, insecure_skip_verify: bool = False) -> ssl.SSLContext:
@@ -162,8 +127,7 @@ class PrometheusSource:
         body = validate_selector(selector)
         if cluster is not None:
             label, value = cluster
-            if not _LABEL.match(label):
-                raise InputError(f"the cluster label {label!r} is not a Prometheus label name")
+            check_label_name(label, "the cluster label")
             matcher = f"{label}={json.dumps(value)}"
             body = f"{body},{matcher}" if body else matcher
         self._body = body
