@@ -47,6 +47,13 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
     return err
 
 
+def test_kubectl_spectune_is_the_same_entry_point_as_spectune() -> None:
+    import tomllib
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["kubectl-spectune"] == scripts["spectune"] == "spectune.cli:main"
+
+
 def test_help_lists_every_exit_code_by_number() -> None:
     proc = spectune("--help")
     assert proc.returncode == 0
@@ -74,7 +81,7 @@ def test_every_subcommand_has_a_description_and_an_example(
     from spectune.cli import main
 
     subs = _subcommands(build_parser())
-    assert {"whatif", "diagnose", "report", "completion"} <= {p[0] for p, _ in subs}
+    assert {"whatif", "diagnose", "report", "completion", "status"} <= {p[0] for p, _ in subs}
     for path, _ in subs:
         with pytest.raises(SystemExit) as done:
             main([*path, "--help"])
