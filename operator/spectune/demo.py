@@ -26,7 +26,19 @@ DEFAULT_SCENARIO = "chat-eagle3.yaml"
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``spectune demo`` (imports stay inside the command: start-up cost matters)."""
     p = subparsers.add_parser(
-        "demo", help="tune a simulated vLLM fleet in virtual time and show every decision"
+        "demo",
+        help="tune a simulated vLLM fleet in virtual time and show every decision",
+        description=(
+            "Run the operator's tuning brain against a simulated fleet in virtual time: the "
+            "search live, the decision trail, the final setting and its gain, and the report "
+            "plots. No cluster, no GPU."
+        ),
+        epilog=(
+            "examples:\n"
+            "  spectune demo\n"
+            "  spectune demo --scenario examples/scenarios/summarize-ngram.yaml --json"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--scenario", help=f"scenario file (default: the bundled {DEFAULT_SCENARIO})")
     p.add_argument("--seed", type=int, help="seed (default: the scenario's)")

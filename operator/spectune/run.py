@@ -31,6 +31,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "SPECTUNE_READY_TIMEOUT_SECONDS, SPECTUNE_DRAFT_COST, SPECTUNE_PEERING, "
             "SPECTUNE_PEERING_PRIORITY, SPECTUNE_PEERING_LIFETIME_SECONDS (see spectune.settings)."
         ),
+        epilog=("examples:\n  SPECTUNE_NAMESPACES=llm spectune run\n  spectune run --verbose"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("--verbose", action="store_true", help="log kopf's debug messages")
     run.add_argument(
@@ -64,6 +66,7 @@ def run_command(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``spectune run`` as a program (``python -m spectune.run``)."""
     from spectune.errors import SpecTuneError
+    from spectune.exitcodes import exit_code
 
     parser = argparse.ArgumentParser(prog="spectune")
     register(parser.add_subparsers(dest="command", required=True))
@@ -75,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ns.func(ns))
     except SpecTuneError as exc:
         print(f"spectune: error: {exc}", file=sys.stderr)
-        return 2
+        return int(exit_code(exc))
 
 
 if __name__ == "__main__":

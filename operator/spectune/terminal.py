@@ -6,7 +6,9 @@ view adds the per-position curve as bars, marks the optimum, and colours the fin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -15,7 +17,7 @@ from rich.text import Text
 
 from spectune.diagnose import Code, Diagnosis, PredictionRow
 
-__all__ = ["render_diagnosis", "render_whatif"]
+__all__ = ["countdown", "render_diagnosis", "render_whatif"]
 
 _BAD = {Code.LOW_ACCEPTANCE, Code.DRAFTER_TOO_EXPENSIVE, Code.K_PAST_PEAK, Code.KV_POOL_SHRANK}
 _STYLE = {Code.HEALTHY: "green", Code.INSUFFICIENT_DATA: "yellow"}
@@ -43,6 +45,34 @@ def _prediction_table(rows: Sequence[PredictionRow], best_k: int | None, current
         label = "off" if r.k == 0 else str(r.k)
         t.add_row(label, f"{r.expected_tokens:.2f}", sp, " ".join(mark), style=style)
     return t
+
+
+async def countdown(
+    console: Console,
+    seconds: float,
+    what: str,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Wait ``seconds``, showing on a terminal how long is left before ``what``.
+
+    The wait ends by the clock, not by counting ticks, so the window is as long as asked
+    however late each tick wakes. On a pipe or a file (CI, ``2>log``) nothing is drawn: a
+    progress bar there is noise.
+    """
+    end = clock() + seconds
+    if not console.is_terminal:
+        await sleep(seconds)
+        return
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[left]}"))
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(f"window of {seconds:g}s, then {what}", total=seconds, left="")
+        while (left := end - clock()) > 0:
+            bar.update(task, completed=seconds - left, left=f"{left:.0f}s left")
+            await sleep(min(1.0, left))
+        bar.update(task, completed=seconds, left="0s left")
 
 
 def render_whatif(

@@ -26,6 +26,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Print the SpecTuning CRD generated from spectune's API models, "
             "or write it to a file with --out."
         ),
+        epilog=(
+            "examples:\n"
+            "  spectune crd | kubectl apply -f -\n"
+            "  spectune crd --out crds/spectune.io_spectunings.yaml"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     crd.add_argument(
         "--out", metavar="FILE", help="write the YAML to FILE instead of standard output"

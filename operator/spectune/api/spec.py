@@ -30,17 +30,27 @@ from spectune.api.validation import (
     validate_body,
 )
 from spectune.durations import parse_duration
+from spectune.errors import InputError
+from spectune.selectors import (
+    HEADER_NAME_PATTERN,
+    LABEL_NAME_PATTERN,
+    MAX_HEADER_VALUE,
+    RESERVED_HEADERS,
+    check_headers,
+)
 
 __all__ = [
     "MAX_NAME",
     "MIN_WINDOW_S",
     "MODEL_METHODS",
     "NO_MODEL_METHODS",
+    "CaSecretRef",
     "Drafter",
     "DriftAction",
     "DriftSpec",
     "Engine",
     "Guardrails",
+    "HttpHeader",
     "Method",
     "MetricsSpec",
     "Mode",
@@ -48,6 +58,7 @@ __all__ = [
     "ObjectiveSpec",
     "PlacementChoice",
     "PrometheusMetrics",
+    "PrometheusTLS",
     "RetuneSpec",
     "Schedule",
     "ScrapeMetrics",
@@ -227,6 +238,89 @@ class SecretKeyRef(ApiModel):
     )
 
 
+class CaSecretRef(ApiModel):
+    """A Secret in the SpecTuning's namespace holding the CA that signed Prometheus'
+    certificate (PEM)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=_DNS_SUBDOMAIN,
+        description="Name of the Secret, in the SpecTuning's namespace. Required.",
+    )
+    key: str = Field(
+        "ca.crt",
+        min_length=1,
+        max_length=253,
+        description="Key in the Secret whose value is the PEM CA bundle. Default ca.crt.",
+    )
+
+
+class PrometheusTLS(ApiModel):
+    """How Prometheus' TLS certificate is checked (https URLs)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.caSecretRef) && self.insecureSkipVerify)",
+                    "message": "set caSecretRef or insecureSkipVerify, not both",
+                }
+            ]
+        }
+    )
+
+    ca_secret_ref: CaSecretRef | None = Field(
+        None,
+        description=(
+            "Secret with the CA bundle (PEM) that signed Prometheus' certificate, for a "
+            "private CA; only it is trusted then. Like authSecretRef, only a Secret labelled "
+            'spectune.io/prometheus-credentials: "true" is used (the operator reads it with '
+            "get on secrets). Unset: the system's CAs."
+        ),
+    )
+    insecure_skip_verify: bool = Field(
+        False,
+        description=(
+            "Do not check Prometheus' certificate: the traffic is encrypted but anyone on the "
+            "path can pose as Prometheus (and receive authSecretRef's credentials). For "
+            "testing only. Default false."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _not_both(self) -> PrometheusTLS:
+        if self.ca_secret_ref is not None and self.insecure_skip_verify:
+            raise field_error("", "set caSecretRef or insecureSkipVerify, not both")
+        return self
+
+
+class HttpHeader(ApiModel):
+    """One extra HTTP header sent with every query."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(self.name.lowerAscii() in ["
+                    + ", ".join(f"'{h}'" for h in sorted(RESERVED_HEADERS))
+                    + "])",
+                    "message": "this header cannot be set here (credentials come from "
+                    "authSecretRef; the framing headers are the HTTP client's)",
+                }
+            ]
+        }
+    )
+
+    name: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=HEADER_NAME_PATTERN,
+        description="Header name, e.g. X-Scope-OrgID. Not Authorization (use authSecretRef).",
+    )
+    value: str = Field(max_length=MAX_HEADER_VALUE, description="Header value, one line. Required.")
+
+
 class PrometheusMetrics(ApiModel):
     """Read the engine's metrics from a Prometheus server that scrapes the pods."""
 
@@ -254,6 +348,48 @@ class PrometheusMetrics(ApiModel):
             "target and its canaries."
         ),
     )
+    headers: list[HttpHeader] = Field(
+        default_factory=list,
+        max_length=16,
+        description=(
+            "Extra HTTP headers sent with every query, e.g. X-Scope-OrgID for a Mimir, Cortex "
+            "or Thanos tenant. Not for credentials: a header here is plain text that whoever "
+            "reads the SpecTuning reads (use authSecretRef). Default none."
+        ),
+    )
+    cluster: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        description=(
+            "Only series whose clusterLabel label has this value: a matcher added to every "
+            "query spectune builds, for a Prometheus (a global Thanos, Mimir) that holds many "
+            "clusters' series, whose pods could otherwise share a namespace and a name. Not "
+            "added to retune.trafficMix.query, which is used as written. Unset: no matcher."
+        ),
+    )
+    cluster_label: str = Field(
+        "cluster",
+        max_length=128,
+        pattern=LABEL_NAME_PATTERN,
+        description="Name of the label that tells clusters apart (see cluster). Default cluster.",
+    )
+    tls: PrometheusTLS | None = Field(
+        None, description="How Prometheus' TLS certificate is checked. Unset: the system's CAs."
+    )
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, headers: list[HttpHeader]) -> list[HttpHeader]:
+        names = [h.name.lower() for h in headers]
+        dup = next((h.name for h in headers if names.count(h.name.lower()) > 1), None)
+        if dup is not None:
+            raise ValueError(f"header {dup} is given twice; give each header once")
+        try:
+            check_headers({h.name: h.value for h in headers}, "headers")
+        except InputError as exc:
+            raise ValueError(str(exc).removeprefix("headers: ")) from None
+        return headers
 
 
 class ScrapeMetrics(ApiModel):

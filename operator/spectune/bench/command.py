@@ -4,7 +4,8 @@ The top-level CLI (``spectune.cli``) calls :func:`register` to add ``bench`` to 
 ``python -m spectune.bench.command`` runs it on its own (:func:`main`). :func:`register`
 imports nothing heavy (the CLI's start-up time matters): the simulator, the controller and
 rich are imported when the command runs. Errors the user can fix (a bad scenario file, an
-unknown policy, a bad flag) print one line on stderr and exit 2, never a traceback.
+unknown policy, a bad flag) print one line on stderr and exit 3 (``spectune.exitcodes``), never a
+traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import SpecError, SpecTuneError
+from spectune.exitcodes import exit_code
 
 if TYPE_CHECKING:
     from spectune.bench.runner import BenchResult
@@ -33,6 +35,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Run a policy against a scenario in virtual time through the operator's ports, "
             "and compare its choices with the best static arm of each phase."
         ),
+        epilog=(
+            "examples:\n"
+            "  spectune bench --scenario examples/scenarios/load-ramp.yaml --policy"
+            " spectune --json\n"
+            "  spectune bench --scenario examples/scenarios/chat-eagle3.yaml --policy"
+            " static:eagle3/3"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--scenario", required=True, metavar="FILE", help="scenario YAML file")
     p.add_argument(
@@ -201,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = ns.func(ns)
     except SpecTuneError as exc:
         print(f"spectune: error: {exc}", file=sys.stderr)
-        return 2
+        return int(exit_code(exc))
     except BrokenPipeError:
         return 0
     return code

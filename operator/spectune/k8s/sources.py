@@ -5,13 +5,15 @@ The tuning loop (``k8s/tuning.py``) asks here for the target's and the canary's 
 * ``spec.metrics.prometheus``: :class:`~spectune.metrics.PrometheusSource` with the target's
   or canary's selector (``k8s/series.py``), authenticated from ``authSecretRef`` when set
   (:func:`prometheus_headers`: a bearer token, or basic auth from a Secret of type
-  ``kubernetes.io/basic-auth``);
+  ``kubernetes.io/basic-auth``), with ``headers`` added to every request, ``cluster`` added
+  to every selector, and the certificate checked as ``tls`` says (:func:`prometheus_tls`);
 
 Credentials confinement. The operator can read Secrets its users may not, so a SpecTuning
 must not be able to make it send one anywhere (a confused deputy: ``authSecretRef`` naming
 any Secret of the namespace, ``url`` naming the author's own listener). Three rules hold:
 
-1. only a Secret labelled ``spectune.io/prometheus-credentials: "true"`` is used; the label
+1. only a Secret labelled ``spectune.io/prometheus-credentials: "true"`` is used (for
+   credentials, and for the CA bundle of ``tls.caSecretRef`` alike); the label
    is checked on the Secret as read, before any of its data is looked at, and a Secret
    that is missing or not labelled gets one and the same message (so a SpecTuning cannot
    probe which Secrets exist);
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,11 +41,12 @@ import httpx
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from spectune.api.spec import ScrapeMetrics, SecretKeyRef
-from spectune.errors import NoDataError, SpecError
+from spectune.api.spec import PrometheusTLS, ScrapeMetrics, SecretKeyRef
+from spectune.errors import InputError, NoDataError, SpecError
 from spectune.k8s.actuator import api_error
 from spectune.k8s.connect import read_json
 from spectune.metrics.observation import Observation
+from spectune.metrics.prometheus import tls_context
 from spectune.metrics.scrape import MAX_PAGE_BYTES, PodScrapeSource
 
 __all__ = [
@@ -55,6 +59,7 @@ __all__ = [
     "check_url_allowed",
     "pod_urls",
     "prometheus_headers",
+    "prometheus_tls",
     "same_url",
     "url_allowed",
 ]
@@ -70,6 +75,7 @@ ANNOTATION_PROMETHEUS_URL = "spectune.io/prometheus-url"
 
 _FIELD = "spec.metrics.prometheus.authSecretRef"
 _URL_FIELD = "spec.metrics.prometheus.url"
+_CA_FIELD = "spec.metrics.prometheus.tls.caSecretRef"
 _ALLOWLIST = "SPECTUNE_PROMETHEUS_URL_ALLOWLIST (chart value operator.prometheusUrlAllowlist)"
 
 
@@ -85,14 +91,15 @@ def _decode(data: Mapping[str, str], key: str) -> str:
 def auth_headers(secret: Mapping[str, Any], ref: SecretKeyRef) -> dict[str, str]:
     """The ``Authorization`` header from a Secret (as the API returns it: base64 ``data``).
 
-    >>> import base64
-    >>> b64 = lambda s: base64.b64encode(s.encode()).decode()
-    >>> auth_headers({"data": {"token": b64("abc")}}, SecretKeyRef(name="p"))
-    {'Authorization': 'Bearer abc'}
-    >>> auth_headers({"type": "kubernetes.io/basic-auth",
-    ...               "data": {"username": b64("u"), "password": b64("p")}},
-    ...              SecretKeyRef(name="p"))
-    {'Authorization': 'Basic dTpw'}
+        >>> import base64
+    import ssl
+        >>> b64 = lambda s: base64.b64encode(s.encode()).decode()
+        >>> auth_headers({"data": {"token": b64("abc")}}, SecretKeyRef(name="p"))
+        {'Authorization': 'Bearer abc'}
+        >>> auth_headers({"type": "kubernetes.io/basic-auth",
+        ...               "data": {"username": b64("u"), "password": b64("p")}},
+        ...              SecretKeyRef(name="p"))
+        {'Authorization': 'Basic dTpw'}
     """
     data: Mapping[str, str] = secret.get("data") or {}
     if secret.get("type") == BASIC_AUTH:
@@ -177,6 +184,24 @@ def _opted_in(secret: Mapping[str, Any]) -> bool:
     return labels.get(LABEL_CREDENTIALS) == "true"
 
 
+async def _opted_in_secret(
+    api: k8s.ApiClient, namespace: str, name: str, unusable: AuthSecretError
+) -> Mapping[str, Any]:
+    """The Secret ``name``, read by name, if it carries the opt-in label; else ``unusable``
+    (one message for missing and unlabelled, so a SpecTuning cannot probe which exist)."""
+    core = k8s.CoreV1Api(api)
+    try:
+        secret = await asyncio.to_thread(read_json, core.read_namespaced_secret, name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise unusable from None
+        raise api_error(exc, f"read Secret {namespace}/{name}") from None
+    # The label first: nothing of a Secret that did not opt in is used, or said.
+    if not isinstance(secret, Mapping) or not _opted_in(secret):
+        raise unusable
+    return secret
+
+
 async def prometheus_headers(
     api: k8s.ApiClient, namespace: str, ref: SecretKeyRef | None, url: str
 ) -> dict[str, str]:
@@ -184,24 +209,13 @@ async def prometheus_headers(
     ``authSecretRef`` (see the module docstring for the rules a Secret must meet)."""
     if ref is None:
         return {}
-    core = k8s.CoreV1Api(api)
     unusable = AuthSecretError(
         f"{_FIELD}: Secret {namespace}/{ref.name} not found, or not labelled "
         f'{LABEL_CREDENTIALS}: "true"; spectune uses only Secrets that opt in. Create it (a '
         f"bearer token under key {ref.key!r}, or a {BASIC_AUTH} Secret) with that label, or "
         "label the existing one if it is meant for Prometheus"
     )
-    try:
-        secret = await asyncio.to_thread(
-            read_json, core.read_namespaced_secret, ref.name, namespace
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            raise unusable from None
-        raise api_error(exc, f"read Secret {namespace}/{ref.name}") from None
-    # The label first: nothing of a Secret that did not opt in is used, or said.
-    if not isinstance(secret, Mapping) or not _opted_in(secret):
-        raise unusable
+    secret = await _opted_in_secret(api, namespace, ref.name, unusable)
     annotations = (secret.get("metadata") or {}).get("annotations") or {}
     bound = annotations.get(ANNOTATION_PROMETHEUS_URL)
     if bound is not None and not same_url(str(bound), url):
@@ -211,6 +225,37 @@ async def prometheus_headers(
             f"and is never sent elsewhere; set {_URL_FIELD} to the URL the Secret names"
         )
     return auth_headers(secret, ref)
+
+
+async def prometheus_tls(
+    api: k8s.ApiClient, namespace: str, tls: PrometheusTLS | None
+) -> ssl.SSLContext:
+    """How Prometheus' certificate is checked: the system's CAs, the CA bundle of
+    ``tls.caSecretRef`` (a Secret that opted in, as for credentials: the operator reads no
+    other), or not at all (``insecureSkipVerify``)."""
+    if tls is None or tls.ca_secret_ref is None:
+        return tls_context(None, tls is not None and tls.insecure_skip_verify)
+    ref = tls.ca_secret_ref
+    unusable = AuthSecretError(
+        f"{_CA_FIELD}: Secret {namespace}/{ref.name} not found, or not labelled "
+        f'{LABEL_CREDENTIALS}: "true"; spectune uses only Secrets that opt in. Create it (the '
+        f"PEM CA bundle under key {ref.key!r}) with that label, or label the existing one"
+    )
+    secret = await _opted_in_secret(api, namespace, ref.name, unusable)
+    data: Mapping[str, str] = secret.get("data") or {}
+    if ref.key not in data:
+        raise AuthSecretError(
+            f"{_CA_FIELD}.key: Secret {ref.name} has no key {ref.key!r}; set key to the one "
+            "holding the PEM CA bundle (cert-manager writes ca.crt)"
+        )
+    try:
+        pem = base64.b64decode(data[ref.key]).decode()
+        return tls_context(pem)
+    except (ValueError, UnicodeDecodeError, InputError):
+        raise AuthSecretError(
+            f"{_CA_FIELD}: key {ref.key!r} of Secret {ref.name} is not PEM certificates "
+            "(-----BEGIN CERTIFICATE-----); give the CA that signed Prometheus' certificate"
+        ) from None
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:

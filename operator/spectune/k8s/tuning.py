@@ -121,6 +121,7 @@ from spectune.k8s.sources import (
     PodsScrapeSource,
     check_url_allowed,
     prometheus_headers,
+    prometheus_tls,
 )
 from spectune.k8s.telemetry import OperatorMetrics
 from spectune.metrics.observation import Observation
@@ -1043,9 +1044,17 @@ class TuningLoop:
         if s.prometheus_url is None:  # the operator's own override is trusted as it is
             check_url_allowed(str(prom.url), s.prometheus_url_allowlist)
         url = s.prometheus_url or str(prom.url)
-        headers = await prometheus_headers(self._api, self._ns, prom.auth_secret_ref, url)
+        auth = await prometheus_headers(self._api, self._ns, prom.auth_secret_ref, url)
+        # parse_spec refused an extra Authorization: the Secret's is the only one.
+        headers = {**{h.name: h.value for h in prom.headers}, **auth}
+        tls = await prometheus_tls(self._api, self._ns, prom.tls)
+        cluster = (prom.cluster_label, prom.cluster) if prom.cluster is not None else None
         user = prom.selector
-        incumbent = PrometheusSource(url, target_selector(self._ns, name, user), headers=headers)
+
+        def source(selector: str) -> PrometheusSource:
+            return PrometheusSource(url, selector, headers=headers, tls=tls, cluster=cluster)
+
+        incumbent = source(target_selector(self._ns, name, user))
 
         def canary() -> WindowedSource | None:
             dep = actuator.last
@@ -1053,9 +1062,7 @@ class TuningLoop:
                 return None
             cname = canary_name(name, dep.canary)
             if cname not in self._canary_sources:
-                self._canary_sources[cname] = PrometheusSource(
-                    url, canary_selector(self._ns, cname, user), headers=headers
-                )
+                self._canary_sources[cname] = source(canary_selector(self._ns, cname, user))
             return self._canary_sources[cname]
 
         return incumbent, canary, False, incumbent

@@ -3,10 +3,26 @@
 Used by ``spectune diagnose --prometheus`` and by the operator (the default source). The
 PromQL is built from the dialect's catalogue: counters only through ``increase()``,
 gauges through ``avg_over_time()``, so a restarted pod (counter reset) or a scrape gap
-never turns into a wrong number. The HTTP session (requests, set up through
-prometheus-api-client) is synchronous; each query runs in a worker thread with an explicit
-timeout so the operator's event loop never blocks. Answers are classified by :func:`answer`
-(HTTP status and ``errorType``, never the body's words), and redirects are not followed.
+never turns into a wrong number. Queries go to ``/api/v1/query`` over httpx's async client
+(no worker threads, an explicit timeout, redirects never followed); answers are classified
+by :func:`answer` (HTTP status and ``errorType``, never the body's words).
+
+Why httpx and not prometheus-api-client (which spectune used before): spectune needs one
+endpoint, ``/api/v1/query``, and needs to tell its answers apart. The client reports every
+non-200 answer as one exception whose text holds the body, so a rejected query and a down
+server could only be told apart by matching "400" in that text; it is synchronous
+(requests), so each query took a worker thread to keep the operator's event loop free; it
+follows redirects, which would carry the credentials to another address; and it pulls in
+requests and dateparser (with regex, pytz and tzlocal) for features spectune never calls. httpx is
+already the operator's HTTP client (the pod scrapes), is async, takes an ``ssl.SSLContext``
+for a private CA, and raises typed errors (connect, timeout, protocol) that :func:`_reason`
+turns into one line without the library's internals.
+
+Connectivity for real deployments (a Thanos, Mimir or Cortex in front, TLS with a private
+CA): extra headers such as ``X-Scope-OrgID`` go with every request, a CA bundle or
+``insecure_skip_verify`` sets how the server's certificate is checked, and a ``cluster``
+matcher is added to every query spectune builds, so a global view of many clusters never
+mixes their pods.
 """
 
 from __future__ import annotations
@@ -16,15 +32,12 @@ import itertools
 import json
 import math
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-import requests
-from prometheus_api_client import PrometheusConnect
-from requests import RequestException
-from requests.exceptions import RetryError
-from urllib3.util.retry import Retry
+import httpx
 
 from spectune.engines import Catalogue, Dialect, PageIdentity, catalogue_for
 from spectune.errors import (
@@ -36,12 +49,38 @@ from spectune.errors import (
 )
 from spectune.metrics.exposition import Sample, Snapshot
 from spectune.metrics.observation import Observation, observation_from_pages
-from spectune.selectors import validate_selector
+from spectune.selectors import check_headers, check_label_name, validate_selector
 
-__all__ = ["PrometheusSource", "answer", "validate_selector"]
+__all__ = ["PrometheusSource", "answer", "check_headers", "tls_context", "validate_selector"]
 
 
 Result = list[dict[str, Any]]
+
+#: Statuses a load balancer in front of Prometheus answers while it is passing (bad gateway,
+#: unavailable, gateway timeout): asked again twice, 0.2 s then 0.4 s later. A 500 or a 4xx
+#: is Prometheus' own answer, and the user should see it at once.
+RETRY_STATUSES = frozenset({502, 503, 504})
+RETRY_DELAYS = (0.2, 0.4)
+
+
+def tls_context(ca_pem: str | None = None, insecure_skip_verify: bool = False) -> ssl.SSLContext:
+    """How the server's certificate is checked: the system's CAs, or only ``ca_pem``'s
+    (PEM text of one or more CA certificates), or not at all (``insecure_skip_verify``:
+    the traffic is still encrypted, but anyone on the path can read it)."""
+    if insecure_skip_verify:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+    if ca_pem is None:
+        return ssl.create_default_context()
+    try:
+        return ssl.create_default_context(cadata=ca_pem)
+    except (ssl.SSLError, ValueError):
+        raise InputError(
+            "the CA bundle is not PEM certificates (-----BEGIN CERTIFICATE-----); give the "
+            "CA that signed Prometheus' certificate"
+        ) from None
 
 
 class PrometheusSource:
@@ -58,7 +97,17 @@ class PrometheusSource:
     timeout_s
         Timeout of each query, in seconds.
     headers
-        Extra HTTP headers (e.g. ``Authorization``) for every request.
+        Extra HTTP headers (``Authorization`` from a Secret, ``X-Scope-OrgID``) for every
+        request.
+    quote_errors
+        Add the API's own ``error`` text to messages (the CLI, whose user reads their own
+        terminal).
+    tls
+        How the server's certificate is checked (:func:`tls_context`); the system's CAs
+        when omitted.
+    cluster
+        ``(label, value)``: a matcher added to every query, for a Prometheus (Thanos, Mimir)
+        that holds many clusters' series.
     """
 
     def __init__(
@@ -69,10 +118,19 @@ class PrometheusSource:
         timeout_s: float = 10.0,
         headers: Mapping[str, str] | None = None,
         quote_errors: bool = False,
+        tls: ssl.SSLContext | None = None,
+        cluster: tuple[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise InputError(f"Prometheus URL {url!r} must start with http:// or https://")
-        self._body = validate_selector(selector)
+        body = validate_selector(selector)
+        if cluster is not None:
+            label, value = cluster
+            check_label_name(label, "the cluster label")
+            matcher = f"{label}={json.dumps(value)}"
+            body = f"{body},{matcher}" if body else matcher
+        self._body = body
         self._url = url.rstrip("/")
         self._dialect = dialect
         # How the series are spelled in this Prometheus (a router that rewrote ':' to '_',
@@ -80,60 +138,60 @@ class PrometheusSource:
         self._naming: str | None = None
         self._timeout = timeout_s
         self._quote = quote_errors
-        # Retry only what a load balancer in front of Prometheus says is passing (502–504);
-        # a 500 or 4xx is an answer, and the user should see it at once.
-        retry = Retry(total=2, backoff_factor=0.2, status_forcelist=(502, 503, 504))
-        self._session = requests.Session()
-        self._session.verify = True
-        # prometheus-api-client mounts the retrying adapter on the URL's prefix only (so a
-        # redirect elsewhere would not inherit it) and holds the headers.
-        self._client = PrometheusConnect(
-            url=self._url,
-            headers=dict(headers or {}),
-            session=self._session,
-            timeout=max(1, round(timeout_s)),
-            retry=retry,
-        )
+        self._headers = dict(headers or {})
+        self._tls = tls if tls is not None else ssl.create_default_context()
+        self._transport = transport
+
+    @property
+    def selector_body(self) -> str:
+        """The label matchers every query carries, without braces (the cluster's included)."""
+        return self._body
 
     # -- querying -----------------------------------------------------------------------
 
-    def _query_sync(self, promql: str, at: float | None) -> Result:
-        # The request is sent here rather than by the client's custom_query, which reports
-        # every non-200 answer as one text with the response body in it (so errors could
-        # only be told apart by searching that text) and follows redirects. A redirect is
-        # refused: the credentials were given for this URL, not for wherever it points.
+    async def _get(self, client: httpx.AsyncClient, params: Mapping[str, str]) -> httpx.Response:
+        for delay in (*RETRY_DELAYS, None):
+            resp = await client.get(f"{self._url}/api/v1/query", params=params)
+            if resp.status_code not in RETRY_STATUSES or delay is None:
+                return resp
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def query(self, promql: str, at: float | None = None) -> Result:
+        """Run one instant query, within the source's timeout.
+
+        A redirect is refused, not followed: the credentials were given for this URL, not
+        for wherever it points.
+        """
         params = {"query": promql}
         if at is not None:
             params["time"] = f"{at:.3f}"
         try:
-            resp = self._session.get(
-                f"{self._url}/api/v1/query",
-                params=params,
-                headers=self._client.headers,
-                timeout=max(1, round(self._timeout)),
-                allow_redirects=False,
-            )
-        except RetryError:
-            raise SourceUnavailableError(
-                f"Prometheus at {self._url} kept answering HTTP 502-504 (a proxy in front of "
-                "it says it is not there)"
-            ) from None
-        except RequestException as exc:
-            raise SourceUnavailableError(
-                f"cannot reach Prometheus at {self._url}: {_reason(exc)}"
-            ) from None
-        return answer(resp.status_code, resp.content, self._url, quote=self._quote)
-
-    async def query(self, promql: str, at: float | None = None) -> Result:
-        """Run one instant query in a worker thread, with the source's timeout."""
-        try:
-            return await asyncio.wait_for(
-                asyncio.to_thread(self._query_sync, promql, at), timeout=self._timeout + 1.0
-            )
-        except TimeoutError:
+            async with httpx.AsyncClient(
+                headers=self._headers,
+                timeout=self._timeout,
+                verify=self._tls,
+                follow_redirects=False,
+                transport=self._transport,
+                trust_env=False,
+            ) as client:
+                resp = await asyncio.wait_for(
+                    self._get(client, params), timeout=self._timeout * 3 + 1.0
+                )
+        except (TimeoutError, httpx.TimeoutException):
             raise SourceUnavailableError(
                 f"Prometheus at {self._url} did not answer within {self._timeout:g}s"
             ) from None
+        except httpx.HTTPError as exc:
+            raise SourceUnavailableError(
+                f"cannot reach Prometheus at {self._url}: {_reason(exc)}"
+            ) from None
+        if resp.status_code in RETRY_STATUSES:
+            raise SourceUnavailableError(
+                f"Prometheus at {self._url} kept answering HTTP {resp.status_code} (a proxy in "
+                "front of it says it is not there)"
+            )
+        return answer(resp.status_code, resp.content, self._url, quote=self._quote)
 
     def _sel(self, name: str) -> str:
         return f"{name}{{{self._body}}}"
@@ -430,6 +488,23 @@ def _one_line(text: str) -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in line[:200])
 
 
-def _reason(exc: RequestException) -> str:
-    """Why a request failed, without the response (a connection error has none)."""
-    return type(exc).__name__ if not str(exc).strip() else _one_line(str(exc))
+def _reason(exc: httpx.HTTPError) -> str:
+    """Why a request failed, in words and on one line, without the library's internals
+    (object reprs, connection pools, the query string)."""
+    text = _one_line(str(exc))
+    if "CERTIFICATE_VERIFY_FAILED" in text or isinstance(
+        exc.__context__, ssl.SSLCertVerificationError
+    ):
+        return (
+            "its TLS certificate is not trusted; give the CA that signed it (--ca-file, "
+            "spec.metrics.prometheus.tls.caSecretRef), or skip the check (insecureSkipVerify)"
+        )
+    if "SSL" in text or "TLS" in text:
+        return "the TLS handshake failed (is it https, on this port?)"
+    text = re.sub(r"^\[Errno -?\d+\]\s*", "", text)
+    text = re.sub(r"\s*\(_ssl\.c:\d+\)", "", text)
+    if isinstance(exc, httpx.ConnectError):
+        return f"cannot connect ({text.lower()})" if text else "cannot connect"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "the server closed the connection or answered something that is not HTTP"
+    return text or type(exc).__name__

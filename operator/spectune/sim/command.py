@@ -2,7 +2,8 @@
 
 The top-level CLI (``spectune.cli``) calls :func:`register` to add the ``sim`` commands to
 its parser; ``python3 -m spectune.sim.command`` runs them on their own. Errors the user can
-fix (a bad scenario, arm or flag) print one line on stderr and exit 2, never a traceback.
+fix (a bad scenario, arm or flag) print one line on stderr and exit 3
+(``spectune.exitcodes``), never a traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import SpecError, SpecTuneError
+from spectune.exitcodes import exit_code
 from spectune.search.arms import parse_arm
 
 if TYPE_CHECKING:
@@ -39,6 +41,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "sim",
         help="simulated vLLM/SGLang replicas (no cluster, no GPU)",
         description="Run or serve the simulator on a scenario file.",
+        epilog=(
+            "examples:\n"
+            "  spectune sim run --scenario examples/scenarios/chat-eagle3.yaml --arm"
+            " eagle3/3 --json"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sim_sub = sim.add_subparsers(dest="sim_command", metavar="{run,serve,sample}", required=True)
 
@@ -46,6 +54,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "run",
         help="run one static arm on the scenario's fleet and print the figures",
         description="Run one static arm on the whole fleet in virtual time.",
+        epilog=(
+            "examples:\n"
+            "  spectune sim run --scenario examples/scenarios/chat-eagle3.yaml --arm"
+            " eagle3/3 --json\n"
+            "  spectune sim run --scenario examples/scenarios/chat-eagle3.yaml --arm off"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("--scenario", required=True, metavar="FILE", help="scenario YAML file")
     run.add_argument("--arm", required=True, help="off, <drafter>/<k> or <drafter>/sched:...")
@@ -66,6 +81,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Serve one replica of the scenario on loopback, configured by the vLLM arguments "
             "after '--' (e.g. --speculative-config '{...}')."
         ),
+        epilog=(
+            "examples:\n"
+            "  spectune sim serve --scenario examples/scenarios/chat-eagle3.yaml --port"
+            ' 8000 -- --speculative-config \'{"method": "eagle3", "num_speculative_tokens": 3}\''
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument("--scenario", required=True, metavar="FILE", help="scenario YAML file")
     serve.add_argument("--port", type=int, required=True, metavar="P")
@@ -101,6 +122,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "same family, seed and count write the same files. Each world's regime tags and "
             "the draws rejected before it go to DIR/index.yaml."
         ),
+        epilog=(
+            "examples:\n"
+            "  spectune sim sample --family benchmarks/families/realistic.yaml --seed 1"
+            " --count 5 --out worlds/"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sample.add_argument("--family", required=True, metavar="FILE", help="family YAML file")
     sample.add_argument("--seed", type=int, required=True, metavar="N")
@@ -296,12 +323,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parser.parse_args(args)
     try:
         code: int = ns.func(ns)
-    except SpecError as exc:
-        print(f"spectune: {exc}", file=sys.stderr)
-        return 2
     except SpecTuneError as exc:
-        print(f"spectune: {exc}", file=sys.stderr)
-        return 1
+        print(f"spectune: error: {exc}", file=sys.stderr)
+        return int(exit_code(exc))
     except BrokenPipeError:
         return 0
     return code

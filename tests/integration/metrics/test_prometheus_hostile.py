@@ -113,6 +113,6 @@ def test_the_cli_quotes_prometheus_own_error_text_on_one_line(serve: type[_Serve
          "--selector", '{namespace="llm"}', "--window", "60s"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    assert cli.returncode == 2 and "Traceback" not in cli.stderr
+    assert cli.returncode == 4 and "Traceback" not in cli.stderr  # unreachable (exitcodes)
     lines = cli.stderr.strip().splitlines()
     assert len(lines) == 1 and "parse error: bad regex" in lines[0], lines

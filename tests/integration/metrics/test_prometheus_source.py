@@ -164,7 +164,7 @@ def test_a_selector_that_matches_nothing_is_no_data(prometheus: Prometheus, flee
         asyncio.run(source.observe(WINDOW))
     cli = _cli("diagnose", "--prometheus", prometheus.url, "--selector", '{namespace="nowhere"}',
                "--window", "20s")  # fmt: skip
-    assert cli.returncode == 2
+    assert cli.returncode == 5  # no data (spectune.exitcodes)
     assert "matches no" in cli.stderr and "Traceback" not in cli.stderr
     assert len(cli.stderr.strip().splitlines()) == 1
 
@@ -203,7 +203,7 @@ def test_a_prometheus_that_answers_garbage_is_a_clear_error(mode: str) -> None:
     finally:
         server.shutdown()
         server.server_close()
-    assert cli.returncode == 2, cli.stdout
+    assert cli.returncode == 4, cli.stdout  # the source answered garbage: unreachable
     assert "Traceback" not in cli.stderr
     lines = cli.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("spectune: error: Prometheus at")
@@ -214,5 +214,5 @@ def test_an_unreachable_prometheus_is_a_clear_error() -> None:
 
     cli = _cli("diagnose", "--prometheus", f"http://127.0.0.1:{free_port()}",
                "--selector", '{namespace="llm"}', "--window", "60s", "--timeout", "3")  # fmt: skip
-    assert cli.returncode == 2
+    assert cli.returncode == 4
     assert "cannot reach Prometheus" in cli.stderr and "Traceback" not in cli.stderr

@@ -26,6 +26,7 @@ BASE: dict[str, Any] = {
 }
 
 NGRAM = {"name": "ngram", "method": "ngram", "maxK": 4}
+_TLS_BOTH = {"caSecretRef": {"name": "ca"}, "insecureSkipVerify": True}
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,28 @@ BAD_SPECS = [
         "prometheus-url-not-a-url",
         {"metrics": {"prometheus": {"url": "prometheus.monitoring:9090"}}},
         "spec.metrics.prometheus.url",
+    ),
+    # Prometheus connectivity (issue [M] item 9): credentials only from a Secret
+    BadSpec(
+        "prometheus-authorization-as-a-plain-header",
+        {"metrics": {"prometheus": {"headers": [{"name": "Authorization", "value": "Bearer x"}]}}},
+        "spec.metrics.prometheus.headers",
+        server_path="spec.metrics.prometheus.headers[0]",
+    ),
+    BadSpec(
+        "prometheus-header-name-not-a-token",
+        {"metrics": {"prometheus": {"headers": [{"name": "X Scope", "value": "t"}]}}},
+        "spec.metrics.prometheus.headers[0].name",
+    ),
+    BadSpec(
+        "prometheus-tls-ca-and-skip-verify",
+        {"metrics": {"prometheus": {"tls": _TLS_BOTH}}},
+        "spec.metrics.prometheus.tls",
+    ),
+    BadSpec(
+        "prometheus-cluster-label-not-a-label",
+        {"metrics": {"prometheus": {"cluster": "eu-1", "clusterLabel": "k8s-cluster"}}},
+        "spec.metrics.prometheus.clusterLabel",
     ),
     BadSpec("window-not-a-duration", {"search": {"window": "5 min"}}, "spec.search.window"),
     BadSpec("window-zero", {"search": {"window": "0s"}}, "spec.search.window"),

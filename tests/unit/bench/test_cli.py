@@ -1,4 +1,4 @@
-"""``spectune bench`` on the command line: JSON on stdout, one-line errors with exit 2."""
+"""``spectune bench`` on the command line: JSON on stdout, one-line errors with exit 3."""
 
 from __future__ import annotations
 
@@ -70,12 +70,12 @@ def test_a_terminal_shows_progress_and_events_on_stderr(
 
 
 @pytest.mark.parametrize("policy", ["nope", "static", "grid:eagle3/2", "static:eagle3/x"])
-def test_a_bad_policy_is_one_line_and_exit_2(
+def test_a_bad_policy_is_one_line_and_exit_3(
     scenario_file: Path, capsys: pytest.CaptureFixture[str], policy: str
 ):
     code = command.main(["--scenario", str(scenario_file), "--policy", policy, "--json"])
     err = capsys.readouterr()
-    assert code == 2
+    assert code == 3
     assert err.out == ""
     assert len(err.err.strip().splitlines()) == 1
     assert err.err.startswith("spectune: error:")
@@ -84,25 +84,25 @@ def test_a_bad_policy_is_one_line_and_exit_2(
             assert name in err.err
 
 
-def test_an_unknown_drafter_in_a_static_arm_is_one_line_and_exit_2(
+def test_an_unknown_drafter_in_a_static_arm_is_one_line_and_exit_3(
     scenario_file: Path, capsys: pytest.CaptureFixture[str]
 ):
     code = command.main(["--scenario", str(scenario_file), "--policy", "static:medusa/2"])
     err = capsys.readouterr().err
-    assert code == 2 and "medusa" in err and len(err.strip().splitlines()) == 1
+    assert code == 3 and "medusa" in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_bad_scenario_names_the_field_and_exits_2(
+def test_a_bad_scenario_names_the_field_and_exits_3(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(merged(TINY, {"fleet": {"replicas": -1}})), encoding="utf-8")
     code = command.main(["--scenario", str(bad), "--policy", "grid", "--json"])
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == 3
     assert len(err.strip().splitlines()) == 1 and "fleet.replicas" in err
     missing = command.main(["--scenario", str(tmp_path / "none.yaml"), "--policy", "grid"])
-    assert missing == 2 and "none.yaml" in capsys.readouterr().err
+    assert missing == 3 and "none.yaml" in capsys.readouterr().err
 
 
 def test_the_registry_lists_and_accepts_new_policies(monkeypatch: pytest.MonkeyPatch):

@@ -154,11 +154,11 @@ BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
-def test_bad_input_is_one_line_and_exit_2(
+def test_bad_input_is_one_line_and_exit_3(
     case: str, tmp_path: Path, good: tuple[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     build, expected = BAD_INPUTS[case]
-    assert main(["diagnose", *build(tmp_path, good)]) == 2
+    assert main(["diagnose", *build(tmp_path, good)]) == 3
     err = capsys.readouterr().err.strip()
     assert err.startswith("spectune: error: ") and "\n" not in err
     assert expected in err
@@ -167,9 +167,10 @@ def test_bad_input_is_one_line_and_exit_2(
 def test_a_counter_reset_between_pages_is_not_a_negative_window(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # Swapping the moments makes every counter go down: a restart inside the window.
-    swapped = ["--before", *pages("vllm-eagle3-k7", "after")]
-    swapped += ["--after", *pages("vllm-eagle3-k7", "before")]
+    # Pod 1's moments swapped make its counters go down: a restart inside the window, while
+    # pod 0's grew (every pod's going down is refused as swapped pages: test_entry_point).
+    before, after = pages("vllm-eagle3-k7", "before"), pages("vllm-eagle3-k7", "after")
+    swapped = ["--before", before[0], after[1], "--after", after[0], before[1]]
     doc = run_json(capsys, "diagnose", *swapped, "--draft-cost", "0.12", "--json")
     assert doc["acceptance"]["drafts"] > 0
     assert 0 < doc["acceptance"]["rate"] < 1

@@ -117,14 +117,14 @@ def test_sim_sample_writes_loadable_files_and_an_index(
     assert {"load_band", "replicas", "drafters", "objective"} <= set(index["worlds"][0]["regime"])
 
 
-def test_sim_sample_with_a_missing_family_file_exits_2_naming_it(
+def test_sim_sample_with_a_missing_family_file_exits_3_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = cli_main(
         ["sim", "sample", "--family", str(tmp_path / "nope.yaml"), "--seed", "1",
          "--out", str(tmp_path / "o")]
     )  # fmt: skip
-    assert code == 2
+    assert code == 3  # bad input (spectune.exitcodes)
     assert "nope.yaml: cannot read it" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 

@@ -278,3 +278,26 @@ async def test_route_watch_keeps_the_reference_until_the_move_passes_the_thresho
     assert new != ref and moves == [1.0]
     answers[0] = []
     assert await watch.routes(new) == new
+
+
+async def test_a_ca_bundle_comes_only_from_an_opted_in_secret_holding_pem(
+    secret_store: dict,  # type: ignore[type-arg]
+) -> None:
+    """tls.caSecretRef: the Secret must opt in as credentials do, and hold PEM; each problem
+    names the field, and the Secret's data is never repeated."""
+    from spectune.api.spec import CaSecretRef, PrometheusTLS
+    from spectune.k8s.sources import prometheus_tls
+
+    tls = PrometheusTLS(ca_secret_ref=CaSecretRef(name="ca"))
+    secret_store["ca"] = {"metadata": {"name": "ca"}, "data": {"ca.crt": _b64("x")}}
+    with pytest.raises(AuthSecretError, match=LABEL_CREDENTIALS):
+        await prometheus_tls(None, "ns", tls)  # type: ignore[arg-type]
+    secret_store["ca"]["metadata"]["labels"] = {LABEL_CREDENTIALS: "true"}
+    with pytest.raises(AuthSecretError, match=r"tls\.caSecretRef: .*not PEM") as err:
+        await prometheus_tls(None, "ns", tls)  # type: ignore[arg-type]
+    assert "'x'" not in str(err.value)
+    other = PrometheusTLS(ca_secret_ref=CaSecretRef(name="ca", key="root.pem"))
+    with pytest.raises(AuthSecretError, match=r"tls\.caSecretRef\.key: .*no key 'root\.pem'"):
+        await prometheus_tls(None, "ns", other)  # type: ignore[arg-type]
+    skip = await prometheus_tls(None, "ns", PrometheusTLS(insecure_skip_verify=True))  # type: ignore[arg-type]
+    assert skip.verify_mode.name == "CERT_NONE" and not skip.check_hostname

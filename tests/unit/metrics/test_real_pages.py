@@ -24,7 +24,7 @@ def diagnose_page(name: str, capsys: pytest.CaptureFixture[str], *extra: str) ->
 
 
 def refusal(name: str, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
-    assert main(["diagnose", "--after", str(PAGES / name), *extra]) == 2
+    assert main(["diagnose", "--after", str(PAGES / name), *extra]) == 3  # bad input
     err = capsys.readouterr().err.strip()
     assert err.startswith("spectune: error: ") and "\n" not in err
     return err

@@ -108,6 +108,8 @@ class FakeWorld:
     """What the canary's windows raise (``error`` when None)."""
     prom_headers: list[dict[str, str]] = field(default_factory=list)
     """The HTTP headers each Prometheus source was built with."""
+    prom_connections: list[dict[str, Any]] = field(default_factory=list)
+    """The ``tls`` and ``cluster`` each Prometheus source was built with."""
 
     def patch_target(self, patch: Mapping[str, Any]) -> None:
         assert self.target is not None
@@ -213,11 +215,18 @@ class FakeProm:
     world: ClassVar[FakeWorld]
 
     def __init__(
-        self, url: str, selector: str, headers: Mapping[str, str] | None = None, **_: Any
+        self,
+        url: str,
+        selector: str,
+        headers: Mapping[str, str] | None = None,
+        tls: Any = None,
+        cluster: tuple[str, str] | None = None,
+        **_: Any,
     ) -> None:
         self.url = url
         self.canary = "-spt-" in selector  # canary Deployments are named <target>-spt-<arm>
         self.world.prom_headers.append(dict(headers or {}))
+        self.world.prom_connections.append({"tls": tls, "cluster": cluster})
 
     async def observe(self, window_s: float, at: float | None = None) -> Observation:
         if self.canary and self.world.canary_error is not None:

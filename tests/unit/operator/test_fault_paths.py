@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -258,3 +259,33 @@ async def test_a_counter_reset_within_a_window_is_an_event(world: FakeWorld) -> 
     await loop.turn()
     kind, _, message = next(e for e in world.events if e[1] == "CounterReset")
     assert kind == "Normal" and "llama-0" in message and "restarted" in message
+
+
+async def test_tenant_headers_cluster_and_ca_of_the_spec_reach_every_prometheus_source(
+    world: FakeWorld, secrets: dict[str, dict[str, Any]]
+) -> None:
+    """spec.metrics.prometheus.headers go with the Secret's Authorization, the cluster
+    matcher and the CA bundle of tls.caSecretRef (an opted-in Secret) with every source."""
+    import certifi  # a real PEM CA certificate
+
+    pem = Path(certifi.where()).read_text().split("-----END CERTIFICATE-----")[0]
+    pem += "-----END CERTIFICATE-----\n"
+    secrets["db"] = _secret({LABEL_CREDENTIALS: "true"})
+    secrets["ca"] = {
+        "metadata": {"name": "ca", "labels": {LABEL_CREDENTIALS: "true"}},
+        "data": {"ca.crt": base64.b64encode(pem.encode()).decode()},
+    }
+    prom = _prom("https://thanos.example:9091")
+    prom["prometheus"] |= {
+        "headers": [{"name": "X-Scope-OrgID", "value": "team-a"}],
+        "cluster": "eu-west-1",
+        "tls": {"caSecretRef": {"name": "ca"}},
+    }
+    world.observation = _window(0.030)
+    await _loop(world, _body(metrics=prom)).turn()
+    assert world.prom_headers, "no Prometheus source was built"
+    for headers in world.prom_headers:
+        assert headers == {"X-Scope-OrgID": "team-a", "Authorization": f"Bearer {TOKEN}"}
+    for conn in world.prom_connections:
+        assert conn["cluster"] == ("cluster", "eu-west-1")
+        assert len(conn["tls"].get_ca_certs()) == 1  # only the Secret's CA is trusted

@@ -79,10 +79,10 @@ def test_run_prints_a_table_without_json(
         ("eagle3/9", "max_k 8"),
     ],
 )
-def test_run_errors_are_one_line_and_exit_2(
+def test_run_errors_are_one_line_and_exit_3(
     scenario_file: Path, capsys: pytest.CaptureFixture[str], arm: str, fragment: str
 ) -> None:
-    assert main(["run", "--scenario", str(scenario_file), "--arm", arm, "--json"]) == 2
+    assert main(["run", "--scenario", str(scenario_file), "--arm", arm, "--json"]) == 3
     captured = capsys.readouterr()
     assert captured.out == ""
     assert fragment in captured.err and captured.err.count("\n") == 1
@@ -95,7 +95,7 @@ def test_run_reports_a_bad_scenario_by_field_path(
     bad = {**BASE, "duration_s": "1h"}
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad), encoding="utf-8")
-    assert main(["run", "--scenario", str(path), "--arm", "off"]) == 2
+    assert main(["run", "--scenario", str(path), "--arm", "off"]) == 3
     assert "duration_s: expected a number of seconds" in capsys.readouterr().err
 
 
@@ -106,7 +106,7 @@ def test_run_reports_an_arm_that_cannot_start(
              "target": {**BASE["target"], "max_model_len": 20000}}  # fmt: skip
     path = tmp_path / "small.yaml"
     path.write_text(yaml.safe_dump(small), encoding="utf-8")
-    assert main(["run", "--scenario", str(path), "--arm", "draft8b/2"]) == 2
+    assert main(["run", "--scenario", str(path), "--arm", "draft8b/2"]) == 3
     assert "cannot start" in capsys.readouterr().err
 
 
@@ -234,6 +234,6 @@ def test_serve_on_a_shared_clock_starts_at_the_epochs_scaled_age(
     future = time.time() + 3600
     code = main(["serve", "--scenario", str(EXAMPLE), "--port", "0", "--clock-epoch",
                  str(future), "--", "serve", "m"])  # fmt: skip
-    assert code == 2
+    assert code == 3
     err = capsys.readouterr().err
     assert "--clock-epoch" in err and "a Unix time that has passed" in err
