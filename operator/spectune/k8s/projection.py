@@ -59,6 +59,7 @@ __all__ = [
     "applied_speedup",
     "build_status",
     "decode_memory",
+    "drafter_condition",
     "encode_memory",
     "load_memory",
     "merge_conditions",
@@ -369,6 +370,19 @@ def verified_condition(state: ControllerState) -> ConditionUpdate | None:
         ConditionStatus(state.verified_status),
         state.verified_reason or "",
         state.verified_message or "",
+    )
+
+
+def drafter_condition(state: ControllerState) -> ConditionUpdate | None:
+    """The ``DrafterWorking`` condition: False once a broken drafter made the target fall
+    back (None while no drafter was found broken)."""
+    if state.drafter_status is None:
+        return None
+    return ConditionUpdate(
+        "DrafterWorking",
+        ConditionStatus(state.drafter_status),
+        state.drafter_reason or "",
+        state.drafter_message or "",
     )
 
 

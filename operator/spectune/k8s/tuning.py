@@ -110,6 +110,7 @@ from spectune.k8s.projection import (
     acceptance_of,
     api_phase,
     build_status,
+    drafter_condition,
     findings_of,
     load_memory,
     verified_condition,
@@ -154,7 +155,15 @@ Claims = Callable[[str], Iterable[tuple[str, str]]]
 and is not being deleted; the oldest one tunes it."""
 
 _WARNINGS = frozenset(
-    {"TrialAborted", "TrialInfeasible", "AcceptanceDrift", "HumanEdit", "RolledBack"}
+    {
+        "TrialAborted",
+        "TrialInfeasible",
+        "AcceptanceDrift",
+        "HumanEdit",
+        "RolledBack",
+        "DrafterBroken",
+        "PodAcceptanceDecay",
+    }
 )
 _FORBIDDEN_RETRY_S = 5.0
 """Seconds (at least ``SPECTUNE_POLL_SECONDS``) before a forbidden call is tried again."""
@@ -1331,6 +1340,9 @@ class TuningLoop:
         verified = verified_condition(c.state)
         if verified is not None:
             conditions.append(verified)
+        drafter = drafter_condition(c.state)
+        if drafter is not None:
+            conditions.append(drafter)
         await self._write(
             StatusInputs(
                 phase=api_phase(c.state.shown_phase),
