@@ -63,6 +63,7 @@ __all__ = [
     "encode_memory",
     "load_memory",
     "merge_conditions",
+    "pods_condition",
     "recommendation_of",
     "trials_of",
     "verified_condition",
@@ -383,6 +384,19 @@ def drafter_condition(state: ControllerState) -> ConditionUpdate | None:
         ConditionStatus(state.drafter_status),
         state.drafter_reason or "",
         state.drafter_message or "",
+    )
+
+
+def pods_condition(state: ControllerState) -> ConditionUpdate | None:
+    """The ``PodsHoldAcceptance`` condition: False while a pod's acceptance decays with its
+    uptime (``POD_ACCEPTANCE_DECAY``), True once none does (None before the first)."""
+    if state.pods_status is None:
+        return None
+    return ConditionUpdate(
+        "PodsHoldAcceptance",
+        ConditionStatus(state.pods_status),
+        state.pods_reason or "",
+        state.pods_message or "",
     )
 
 

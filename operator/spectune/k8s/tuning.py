@@ -103,6 +103,7 @@ from spectune.k8s.deployments import (
 )
 from spectune.k8s.inplace import ANNOTATION_TRIAL, InPlaceActuator, Stretch, SwitchbackMetrics
 from spectune.k8s.placement import Hold, scaling_of
+from spectune.k8s.pods import PodStarts, TargetPods
 from spectune.k8s.projection import (
     ConditionUpdate,
     Memory,
@@ -113,6 +114,7 @@ from spectune.k8s.projection import (
     drafter_condition,
     findings_of,
     load_memory,
+    pods_condition,
     verified_condition,
 )
 from spectune.k8s.routes import RouteWatch, describe_move, encode_mix
@@ -1199,6 +1201,9 @@ class TuningLoop:
             )
         else:
             inner_metrics = PairedSources(incumbent, canary, window_sleep, waits=waits)
+        bare = KubeActuator(self._api, self._spt(), spec.target_ref.name, None, "vllm", {})
+        pods = TargetPods(self._api, self._ns, bare.target_pods)
+        inner_metrics = PodStarts(inner_metrics, pods.started)
         metrics = _RecordingMetrics(inner_metrics, lambda: actuator.last, self._counter_reset)
         controller = Controller(
             policy=SpectunePolicy(),
@@ -1211,6 +1216,7 @@ class TuningLoop:
             history=memory.history,
             state=memory.state,
             on_event=self._event,
+            pods=pods,
         )
         holder.append(controller)
         original = memory.original
@@ -1340,9 +1346,9 @@ class TuningLoop:
         verified = verified_condition(c.state)
         if verified is not None:
             conditions.append(verified)
-        drafter = drafter_condition(c.state)
-        if drafter is not None:
-            conditions.append(drafter)
+        for cond in (drafter_condition(c.state), pods_condition(c.state)):
+            if cond is not None:
+                conditions.append(cond)
         await self._write(
             StatusInputs(
                 phase=api_phase(c.state.shown_phase),
