@@ -20,6 +20,10 @@ CHART_COPY = REPO / "charts" / "spectune" / "files" / "spectune-dashboard.json"
 MAX_K = 8
 SEL = 'namespace=~"$namespace", deployment=~"$deployment"'
 BY = "namespace, deployment, model_name"
+# The workload's name from a pod's: a StatefulSet's <name>-<ordinal> and a LeaderWorkerSet's
+# <name>-<group>[-<worker>] first, then a Deployment's <name>-<hash>-<5 chars> over it (as the
+# rules file does).
+POD_TO_WORKLOAD = '"deployment", "$1", "pod", "(.+?)(?:-[0-9]+){1,2}"'
 POD_TO_DEPLOYMENT = '"deployment", "$1", "pod", "(.+)-[a-z0-9]{1,10}-[a-z0-9]{5}"'
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -65,7 +69,8 @@ def panel(
 def engine(metric: str, agg: str = "sum") -> str:
     """A vLLM gauge aggregated per deployment (deployment derived from pod)."""
     return (
-        f"{agg} by ({BY}) (label_replace({metric}, {POD_TO_DEPLOYMENT}))"
+        f"{agg} by ({BY}) (label_replace(label_replace({metric}, {POD_TO_WORKLOAD}), "
+        f"{POD_TO_DEPLOYMENT}))"
         f" and on ({BY}) spectune:drafts:rate5m{{{SEL}}}"
     )
 

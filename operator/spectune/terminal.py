@@ -19,7 +19,14 @@ from spectune.diagnose import Code, Diagnosis, PredictionRow
 
 __all__ = ["countdown", "render_diagnosis", "render_whatif"]
 
-_BAD = {Code.LOW_ACCEPTANCE, Code.DRAFTER_TOO_EXPENSIVE, Code.K_PAST_PEAK, Code.KV_POOL_SHRANK}
+_BAD = {
+    Code.LOW_ACCEPTANCE,
+    Code.DRAFTER_TOO_EXPENSIVE,
+    Code.K_PAST_PEAK,
+    Code.KV_POOL_SHRANK,
+    Code.DRAFTER_BROKEN,
+    Code.POD_ACCEPTANCE_DECAY,
+}
 _STYLE = {Code.HEALTHY: "green", Code.INSUFFICIENT_DATA: "yellow"}
 
 

@@ -18,12 +18,14 @@ from spectune.api.spec import (
     DriftAction,
     Engine,
     ObjectiveMetric,
+    PodAction,
     Schedule,
     SpecTuningSpec,
     Strategy,
 )
 from spectune.control.controller import ControllerConfig
 from spectune.control.controller import DriftAction as LoopDriftAction
+from spectune.control.controller import PodAction as LoopPodAction
 from spectune.durations import parse_duration
 from spectune.search.objective import Guardrails, Metric, Objective
 from spectune.search.policy import DrafterSpec, SearchSpace
@@ -40,6 +42,10 @@ _METRICS = {
 _DRIFT_ACTIONS = {
     DriftAction.ALERT: LoopDriftAction.ALERT,
     DriftAction.RETUNE: LoopDriftAction.RETUNE,
+}
+_POD_ACTIONS = {
+    PodAction.ALERT: LoopPodAction.ALERT,
+    PodAction.RESTART_POD: LoopPodAction.RESTART_POD,
 }
 
 
@@ -91,6 +97,8 @@ def to_controller_config(spec: SpecTuningSpec, *, seed: int = 0) -> ControllerCo
         drift_threshold=retune.drift.threshold,
         drift_for_s=parse_duration(retune.drift.for_, "spec.retune.drift.for"),
         drift_action=_DRIFT_ACTIONS[retune.drift.action],
+        pod_action=_POD_ACTIONS[retune.drift.pod_action],
+        min_ready_pods=retune.drift.min_ready_pods,
         retune_every_s=(parse_duration(every, "spec.retune.every") if every is not None else None),
         retune_on_model_change=retune.on_model_change,
         shared_traffic=search.strategy is not Strategy.IN_PLACE,

@@ -57,6 +57,7 @@ __all__ = [
     "ObjectiveMetric",
     "ObjectiveSpec",
     "PlacementChoice",
+    "PodAction",
     "PrometheusMetrics",
     "PrometheusTLS",
     "RetuneSpec",
@@ -171,6 +172,13 @@ class DriftAction(enum.StrEnum):
 
     ALERT = "alert"
     RETUNE = "retune"
+
+
+class PodAction(enum.StrEnum):
+    """What a pod whose acceptance decayed with its uptime gets."""
+
+    ALERT = "alert"
+    RESTART_POD = "restartPod"
 
 
 class Mode(enum.StrEnum):
@@ -730,6 +738,26 @@ class DriftSpec(ApiModel):
         DriftAction.RETUNE,
         description="alert: record an event and phase Drifted; retune: re-open the search. "
         "Default retune.",
+    )
+    pod_action: PodAction = Field(
+        PodAction.ALERT,
+        description=(
+            "What a pod whose first-position acceptance fell below that of the pods started "
+            "after it (POD_ACCEPTANCE_DECAY), for `for`, gets. alert: an event and the "
+            "PodsHoldAcceptance condition; restartPod: also delete that pod so its "
+            "Deployment replaces it, one pod at a time and two windows apart, never while a "
+            "trial or a verification runs, and only while minReadyPods other pods stay Ready. "
+            "Default alert."
+        ),
+    )
+    min_ready_pods: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description=(
+            "With podAction restartPod: Ready pods of the target, besides the one deleted, "
+            "that must keep serving while it restarts, a count. Default 1."
+        ),
     )
 
 

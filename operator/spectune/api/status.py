@@ -153,7 +153,8 @@ class Finding(ApiModel):
         pattern=r"^[A-Z][A-Z0-9_]*$",
         description=(
             "LOW_ACCEPTANCE, DRAFTER_TOO_EXPENSIVE, K_PAST_PEAK, KV_POOL_SHRANK, QUEUEING, "
-            "LARGE_BATCH_REGIME, HEALTHY or INSUFFICIENT_DATA."
+            "LARGE_BATCH_REGIME, DRAFTER_BROKEN, POD_ACCEPTANCE_DECAY, HEALTHY or "
+            "INSUFFICIENT_DATA."
         ),
     )
     message: str = Field(max_length=1024, description="What was found, in one sentence.")

@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from spectune.control.ports import Actuator, Clock, Deployment, Group, GroupMetrics, Placement
+from spectune.control.ports import (
+    Actuator,
+    Clock,
+    Deployment,
+    Group,
+    GroupMetrics,
+    Placement,
+    Pods,
+)
 from spectune.core import wilson_interval
+from spectune.diagnose import Finding, drafter_broken, pod_decay
 from spectune.errors import WindowCutError
-from spectune.search.arms import Arm, parse_arm
+from spectune.metrics.observation import Observation
+from spectune.search.arms import OFF, Arm, parse_arm
 from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
 from spectune.search.objective import (
     Objective,
@@ -36,7 +46,7 @@ from spectune.search.policy import (
 )
 from spectune.search.verify import Reference, per_pod_rate, reference_windows, regression
 
-__all__ = ["Controller", "ControllerConfig", "ControllerState", "Event", "Phase"]
+__all__ = ["Controller", "ControllerConfig", "ControllerState", "Event", "Phase", "PodAction"]
 
 
 #: Fewest finished requests in each of two windows for their loads to be compared (the
@@ -70,6 +80,13 @@ class DriftAction(enum.Enum):
     RETUNE = "retune"
 
 
+class PodAction(enum.Enum):
+    """What a confirmed per-pod acceptance decay does."""
+
+    ALERT = "alert"
+    RESTART_POD = "restartPod"
+
+
 @dataclass(frozen=True)
 class ControllerConfig:
     """Timing and thresholds of the loop (SpecTuning ``search`` and ``retune``)."""
@@ -90,6 +107,10 @@ class ControllerConfig:
     drift_for_s: float = 1800.0
     """...sustained this long."""
     drift_action: DriftAction = DriftAction.RETUNE
+    pod_action: PodAction = PodAction.ALERT
+    """What a pod whose acceptance decayed with its uptime, for ``drift_for_s``, gets."""
+    min_ready_pods: int = 1
+    """Ready pods of the target that must keep serving while a decayed one restarts."""
     retune_every_s: float | None = None
     load_shift: float = 1.6
     """A sustained change of the running batch by this factor re-opens the search."""
@@ -145,6 +166,23 @@ class ControllerState:
     """The ``Verified`` condition: ``True``, ``False`` or ``Unknown`` (None: none yet)."""
     verified_reason: str | None = None
     verified_message: str | None = None
+    drafter_status: str | None = None
+    """The ``DrafterWorking`` condition: ``False`` after a broken drafter made the target fall
+    back (None: no drafter found broken)."""
+    drafter_reason: str | None = None
+    drafter_message: str | None = None
+    decay_pod: str | None = None
+    """The pod whose acceptance fell below its younger peers' (``pod_decay``), worst first."""
+    decay_since_s: float | None = None
+    """Since when, without a window between that did not find it."""
+    decay_reported: str | None = None
+    """The decayed pod the ``PodAcceptanceDecay`` event was posted for (once per pod)."""
+    pod_restart_s: float | None = None
+    """When a decayed pod was last deleted (``podAction: restartPod``)."""
+    pods_status: str | None = None
+    """The ``PodsHoldAcceptance`` condition: ``False`` while a pod decays, ``True`` after."""
+    pods_reason: str | None = None
+    pods_message: str | None = None
 
     @property
     def shown_phase(self) -> Phase:
@@ -160,6 +198,10 @@ class Event:
     at_s: float
     reason: str
     message: str
+
+
+class _FellBack(Exception):
+    """The target fell back from a broken drafter: the step ends there."""
 
 
 @dataclass
@@ -180,6 +222,10 @@ class Controller:
     hold_trials: bool = False
     """Set by the body while its metric source is failing: no new trial starts until a
     window has been read again (the incumbent alone)."""
+    pods: Pods | None = None
+    """The target's pods, where the body can delete one (``podAction: restartPod``)."""
+    seen: Mapping[Group, Observation] = field(default_factory=dict)
+    """Each group's observation of the latest window (its per-pod counts)."""
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -216,6 +262,7 @@ class Controller:
         whole). The end is when the source answered, not when the figures were computed."""
         start = self.clock.now()
         groups = await self.metrics.observe(self.config.window_s)
+        self.seen = dict(groups)
         end = self.clock.now()
         if not self.config.shared_traffic:
             # An in-place trial window is a switchback pair (k8s/inplace.py): each arm ran
@@ -324,6 +371,8 @@ class Controller:
             # The model changed mid-window: nothing of the window was recorded, and the
             # next step's re-trigger check opens the new epoch.
             return
+        except _FellBack:
+            return
 
     async def _scaled_externally(self, what: str) -> None:
         """Someone else changed the target's replica count during a trial: never fight it.
@@ -346,6 +395,7 @@ class Controller:
         start, end, stats, _ = await self._observe()
         w = WindowRecord(start, end, stats.get(Group.INCUMBENT), None, dep.incumbent.name)
         self.history = self.history.add_baseline(w)
+        await self._fall_back_if_broken(dep, w.incumbent)
         return w
 
     async def _explore(self, dep: Deployment) -> None:
@@ -386,6 +436,7 @@ class Controller:
                     dep.incumbent.name,
                 )
                 self.history = self.history.update_last(running.with_window(w))
+                await self._fall_back_if_broken(dep, w.incumbent)
                 if await self._verify(dep, w):
                     return
                 moved = self._load_move(w)
@@ -631,6 +682,79 @@ class Controller:
             if not await self._verify(dep, w):
                 await self._load_moved(w)
 
+    # -- a broken drafter ---------------------------------------------------------------------
+
+    async def _fall_back_if_broken(self, dep: Deployment, s: WindowStats | None) -> None:
+        """Put the target back on the last good setting at once when its drafter is broken.
+
+        A drafter whose first token (almost) never lands (``diagnose.drafter_broken``: the
+        Wilson upper bound of P(L≥1) below 3 % at 99 %) makes every pass pay for a draft
+        and a longer verification and emit the one token the target would emit alone: it
+        is slower than ``off`` on every load, so waiting for drift's ``for`` or a search
+        only prolongs the loss. As a guardrail would, the target goes back to the last
+        promoted setting with another drafter (or the floor, or ``off``) in this step; every
+        arm of the broken drafter is marked infeasible for the model version (a new version
+        may fix it), and the ``DrafterWorking`` condition says why, with the numbers.
+        Raises :class:`_FellBack` so the step ends there.
+        """
+        arm = dep.incumbent
+        if arm.drafter is None or s is None or s.k < 1 or not s.drafts > 0:
+            return
+        first = s.accepted_per_pos[0] if s.accepted_per_pos else None
+        length = s.mean_accepted_length
+        accepted = (length - 1) * s.drafts if math.isfinite(length) else None
+        finding = drafter_broken(s.drafts, first, accepted)
+        if finding is None:
+            return
+        back = self._last_good(arm)
+        running = self._running()
+        if running is not None:
+            outcome = Outcome.MEASURED if running.windows else Outcome.ABORTED
+            self._end_running(outcome, f"the target's drafter {arm.drafter} is broken")
+            await self.actuator.stop_canary()
+        await self.actuator.promote(back)
+        history = self.history.promoted(back.name)
+        why = f"{finding.message}; fell back to {back.name}"
+        for a in self.space.arms():
+            if a.drafter == arm.drafter:
+                history = history.failed(a.name, True, f"drafter {arm.drafter} broken")
+        if arm.name not in {a.name for a in self.space.arms()}:
+            history = history.failed(arm.name, True, f"drafter {arm.drafter} broken")
+        self.history = history
+        if self.state.verify_arm is not None:
+            self._end_verification("False", "DrafterBroken", why)
+        phase = self.state.phase
+        monitoring = phase in (Phase.MONITORING, Phase.DRIFTED)
+        self.state = replace(
+            self.state,
+            phase=Phase.MONITORING if monitoring else phase,
+            converged_at_s=self.clock.now() if monitoring else self.state.converged_at_s,
+            reference_acceptance=None,
+            reference_running=None,
+            drift_since_s=None,
+            shift_since_s=None,
+            trial_started_s=None,
+            drafter_status="False",
+            drafter_reason="DrafterBroken",
+            drafter_message=f"{arm.name}: {why}"[:1024],
+        )
+        self._event("DrafterBroken", f"{arm.name}: {why}")
+        raise _FellBack
+
+    def _last_good(self, broken: Arm) -> Arm:
+        """The setting to fall back to from ``broken``'s drafter: the latest promoted arm of
+        another drafter that has not failed since, else the floor if it has another drafter,
+        else ``off``."""
+        gone = {arm for _, arm, _, _ in self.history.failures}
+        names = [a for _, a in reversed(self.history.promotions)]
+        if self.state.floor_arm is not None:
+            names.append(self.state.floor_arm)
+        for name in names:
+            arm = parse_arm(name)
+            if arm.drafter != broken.drafter and name not in gone:
+                return arm
+        return OFF
+
     # -- verification -------------------------------------------------------------------------
 
     def _begin_verification(self, arm: Arm, predecessor: Arm) -> None:
@@ -795,6 +919,8 @@ class Controller:
                 self.state = replace(st, reference_acceptance=p1, reference_running=inc.running)
             return
         cfg = self.config
+        await self._pod_decay(dep, w)
+        st = self.state
         converged = st.converged_at_s
         if cfg.retune_every_s and converged is not None and now - converged >= cfg.retune_every_s:
             await self._retune(f"scheduled re-measure every {cfg.retune_every_s:g}s")
@@ -855,6 +981,103 @@ class Controller:
             if full:
                 why += f"; requests queue (p95 {inc.queue_p95:.1f}s): saturated"
             await self._retune(why, load_moved=True)
+
+    async def _pod_decay(self, dep: Deployment, w: WindowRecord) -> None:
+        """Report, and with ``podAction: restartPod`` restart, a pod decaying with its uptime.
+
+        ``diagnose.pod_decay`` compares each pod of the target with the pods started after
+        it on the same arm and traffic, so a change of the traffic or the model, which
+        moves every pod, is not it. The worst such pod must be found in every window for
+        ``drift_for_s`` before it counts: one pod's window draws on the few long requests it
+        served, so its drafts are correlated and a single window's binomial bound is
+        optimistic; a decay with uptime persists, a bad mix of requests does not.
+
+        A restart is a pod's replacement, which starts at the level its younger peers hold
+        (vLLM #41838, SGLang #28771: a restart resets the acceptance). It costs the capacity
+        of one pod until the new one is Ready, so it happens only when it is safe: never
+        while a trial or a verification runs (their windows would mix the restart in), at
+        most one pod per two windows (the second shows the replacement back, or not),
+        and only while ``min_ready_pods`` other pods stay Ready to carry the traffic.
+        """
+        st, cfg, now = self.state, self.config, self.clock.now()
+        obs = self.seen.get(Group.INCUMBENT)
+        found = pod_decay(obs) if obs is not None else ()
+        if not found:
+            if st.decay_pod is not None or st.pods_status == "False":
+                self.state = replace(
+                    st,
+                    decay_pod=None,
+                    decay_since_s=None,
+                    pods_status="True",
+                    pods_reason="AcceptanceEven",
+                    pods_message="no pod's acceptance is below that of the pods started after it",
+                )
+            return
+        f = found[0]
+        pod = str(f.evidence["pod"])
+        since = st.decay_since_s if st.decay_pod == pod and st.decay_since_s is not None else None
+        since = w.start_s if since is None else since
+        self.state = replace(st, decay_pod=pod, decay_since_s=since)
+        if now - since < cfg.drift_for_s:
+            return
+        lasted = f"{f.message}, for {now - since:.0f}s"
+        self.state = replace(
+            self.state,
+            pods_status="False",
+            pods_reason="PodAcceptanceDecay",
+            pods_message=lasted[:1024],
+        )
+        if st.decay_reported != pod:
+            self.state = replace(self.state, decay_reported=pod)
+            self._event("PodAcceptanceDecay", lasted)
+        if cfg.pod_action is PodAction.RESTART_POD:
+            await self._restart_pod(dep, pod, f)
+
+    async def _restart_pod(self, dep: Deployment, pod: str, f: Finding) -> None:
+        """Delete the decayed ``pod`` when every condition of :meth:`_pod_decay` holds."""
+        st, cfg, now = self.state, self.config, self.clock.now()
+        held: str | None = None
+        if self.pods is None:
+            held = "this body cannot delete pods"
+        elif self._running() is not None or dep.canary is not None:
+            held = "a trial runs"
+        elif st.verify_arm is not None:
+            held = f"{st.verify_arm} is being verified"
+        elif st.pod_restart_s is not None and now - st.pod_restart_s < 2 * cfg.window_s:
+            # The window after a deletion holds the replacement's start; the one after it
+            # is the first to show whether the replacement is back at its peers' level.
+            held = f"a pod was restarted {now - st.pod_restart_s:.0f}s ago, under two windows"
+        if held is None and self.pods is not None:
+            ready = list(await self.pods.ready())
+            others = len([p for p in ready if p != pod])
+            if pod not in ready:
+                held = f"{pod} is not Ready"
+            elif others < cfg.min_ready_pods:
+                held = (
+                    f"only {others} other Ready pod(s), fewer than retune.drift.minReadyPods "
+                    f"{cfg.min_ready_pods}"
+                )
+        if held is not None:
+            self.state = replace(
+                self.state,
+                pods_message=f"{st.pods_message or f.message}; restart held: {held}"[:1024],
+            )
+            return
+        assert self.pods is not None
+        await self.pods.delete(pod)
+        p1, peers = f.evidence.get("p_len_ge_1"), f.evidence.get("peers_p_len_ge_1")
+        self.state = replace(
+            self.state,
+            pod_restart_s=now,
+            decay_pod=None,
+            decay_since_s=None,
+            pods_message=f"restarted {pod}: {f.message}"[:1024],
+        )
+        self._event(
+            "PodRestarted",
+            f"deleted pod {pod} (P(L≥1) {p1} against {peers} on the pods started after it) so "
+            "that a fresh pod replaces it (retune.drift.podAction: restartPod)",
+        )
 
     def _reference_window(self) -> WindowRecord | None:
         """The first window on the promoted setting (the monitoring reference), or None."""

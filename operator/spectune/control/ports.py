@@ -9,14 +9,14 @@ types leak through here; the brain sees arms, observations and seconds.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from spectune.metrics.observation import Observation
 from spectune.search.arms import Arm
 
-__all__ = ["Actuator", "Clock", "Deployment", "Group", "GroupMetrics", "Placement"]
+__all__ = ["Actuator", "Clock", "Deployment", "Group", "GroupMetrics", "Placement", "Pods"]
 
 
 class Group(enum.Enum):
@@ -120,6 +120,18 @@ class Actuator(Protocol):
 
     async def promote(self, arm: Arm) -> None:
         """Roll the target onto ``arm``; returns at once, ``Deployment.rolling`` tells progress."""
+        ...
+
+
+class Pods(Protocol):
+    """The target's own pods, for remediation (``retune.drift.podAction: restartPod``)."""
+
+    async def ready(self) -> Sequence[str]:
+        """The names of the target's pods that are Ready and not being deleted."""
+        ...
+
+    async def delete(self, pod: str) -> None:
+        """Delete one pod of the target; its controller (the ReplicaSet) replaces it."""
         ...
 
 

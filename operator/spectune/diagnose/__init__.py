@@ -9,6 +9,8 @@ from spectune.diagnose.findings import (
     PredictionRow,
     Thresholds,
     diagnose,
+    drafter_broken,
+    pod_decay,
 )
 
 __all__ = [
@@ -20,4 +22,6 @@ __all__ = [
     "PredictionRow",
     "Thresholds",
     "diagnose",
+    "drafter_broken",
+    "pod_decay",
 ]

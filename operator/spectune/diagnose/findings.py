@@ -48,6 +48,8 @@ __all__ = [
     "PredictionRow",
     "Thresholds",
     "diagnose",
+    "drafter_broken",
+    "pod_decay",
 ]
 
 
@@ -62,6 +64,8 @@ class Code(enum.StrEnum):
     LARGE_BATCH_REGIME = "LARGE_BATCH_REGIME"
     HEALTHY = "HEALTHY"
     INSUFFICIENT_DATA = "INSUFFICIENT_DATA"
+    DRAFTER_BROKEN = "DRAFTER_BROKEN"
+    POD_ACCEPTANCE_DECAY = "POD_ACCEPTANCE_DECAY"
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,17 @@ class Thresholds:
     #: share of the gain a cheap drafter would give at the measured acceptance below which
     #: the measured gain counts as small against it.
     expensive_gain_share: float = 0.5
+    #: first-position acceptance P(L>=1) that a working drafter never stays under (see
+    #: :func:`drafter_broken`): a drafter whose upper bound is below it is broken.
+    broken_level: float = 0.03
+    #: one-sided confidence of that upper bound. High, because the finding makes ``auto``
+    #: mode fall back at once (a restart of every pod).
+    broken_confidence: float = 0.99
+    #: relative shortfall of a pod's P(L>=1) against its younger peers' that counts as decay
+    #: (see :func:`pod_decay`).
+    decay_margin: float = 0.05
+    #: one-sided confidence of the shortfall, shared (Bonferroni) over the pods tested.
+    decay_confidence: float = 0.95
 
 
 @dataclass(frozen=True)
@@ -595,6 +610,176 @@ def _queue_share(obs: Observation, th: Thresholds) -> float | None:
     return obs.queue.sum / obs.e2e.sum
 
 
+# -- perishability: a drafter that stopped working, a pod that decays with age --------------
+
+
+def drafter_broken(
+    drafts: float | None,
+    first_accepted: float | None,
+    accepted: float | None = None,
+    thresholds: Thresholds | None = None,
+) -> Finding | None:
+    r"""``DRAFTER_BROKEN`` when a drafted arm's first token (almost) never lands, else None.
+
+    Physics: the first drafted token lands when the drafter's proposal passes the target's
+    verification. Any drafter that predicts the target at all — an n-gram matcher copying
+    from the context, a draft model, an EAGLE/MTP head trained on the target's outputs —
+    lands it in a sizeable share of passes; a poor fit shows as ``LOW_ACCEPTANCE`` (below
+    0.5). A drafter whose weights did not load or were dropped (vLLM #52479), or that runs
+    with the wrong algorithm or tokenizer (SGLang #21272: accept length 1.00 "with no error
+    or warning"), proposes tokens unrelated to the target's: over a vocabulary of 10⁵
+    tokens its first token lands close to never, and every pass then pays the draft and the
+    longer verification for the one token the target emits anyway.
+
+    Statistics: the passes whose first token landed are binomial in the drafts, so the
+    Wilson upper bound of :math:`P(L \ge 1)` at one-sided confidence
+    ``broken_confidence`` below ``broken_level`` says, with that confidence, that the
+    drafter works in fewer than that share of passes. The bound carries the evidence
+    needed: with nothing landed it falls below the level only past
+    :math:`n > z^2 (1 - \ell) / \ell` drafts (about 175 at 0.99 and 0.03), so a window
+    with few drafts never fires. Where the engine exports no per-position counter, the
+    accepted tokens stand in for the first position's (``min(accepted, drafts)``): a pass
+    that landed any token landed its first, so the stand-in is an upper bound and the test
+    only more cautious.
+
+    >>> f = drafter_broken(drafts=4000, first_accepted=3)
+    >>> f.code.value, f.evidence["p_len_ge_1"]
+    ('DRAFTER_BROKEN', 0.00075)
+    >>> drafter_broken(drafts=100, first_accepted=0) is None  # too few drafts to say
+    True
+    """
+    th = thresholds or Thresholds()
+    if drafts is None or not drafts > 0:
+        return None
+    source = "first-position counter"
+    if first_accepted is None:
+        if accepted is None:
+            return None
+        first_accepted, source = accepted, "accepted tokens (an upper bound)"
+    landed = min(max(first_accepted, 0.0), drafts)
+    two_sided = 1 - 2 * (1 - th.broken_confidence)
+    upper = wilson_interval(landed, drafts, two_sided).high
+    if not upper < th.broken_level:
+        return None
+    p1 = landed / drafts
+    length = 1 + accepted / drafts if accepted is not None else None
+    return Finding(
+        Code.DRAFTER_BROKEN,
+        f"the drafter is broken: its first token landed in {p1:.2%} of {drafts:.0f} drafts "
+        f"(at most {upper:.2%} at {th.broken_confidence:.0%} confidence, below "
+        f"{th.broken_level:.0%}); every pass pays for a draft that never lands",
+        {
+            "drafts": _num(drafts),
+            "p_len_ge_1": _num(p1),
+            "p_len_ge_1_upper": _num(upper),
+            "broken_level": th.broken_level,
+            "confidence": th.broken_confidence,
+            "mean_accepted_length": _num(length),
+            "source": source,
+        },
+        "check the drafter's weights, method and tokenizer in the engine's start-up log (a "
+        "wrong --speculative-algorithm, a draft model that failed to load); turn speculation "
+        "off until it is fixed",
+    )
+
+
+def pod_decay(obs: Observation, thresholds: Thresholds | None = None) -> tuple[Finding, ...]:
+    r"""``POD_ACCEPTANCE_DECAY`` for each pod whose acceptance fell below its younger peers'.
+
+    Physics: the pods of one Deployment run the same arm on the same checkpoints, and the
+    Service's balancer spreads requests over them at random, so over a window every pod
+    drafts for the same mix of traffic. A change of the model or of the traffic therefore
+    moves every pod's first-position acceptance together (that is drift, judged on the
+    whole group). A pod whose acceptance falls while it runs — stale draft state or caches
+    that grow with uptime (vLLM #41838: accepted length 3.07 → 2.8 over hours, reset by a
+    restart; SGLang #28771: 3.33 → 1.90 in two hours with no error) — falls alone, and the
+    pods started after it still hold the level. So each pod is compared with the pooled
+    pods *younger* than it (by their engine's start time): lower than them is decay with
+    age; the youngest pod has no such peer and is never flagged (a pod low from its start
+    is not ageing). Routing that pins traffic to pods (sessions, prefix-aware routers)
+    breaks the premise; the comparison is then of different traffic.
+
+    Statistics: the passes whose first token landed are binomial per pod, so the shortfall
+    :math:`\hat p_y - \hat p_i` of pod :math:`i` against its younger peers :math:`y` has
+    the standard error :math:`\sqrt{\hat p_i(1-\hat p_i)/n_i + \hat p_y(1-\hat p_y)/n_y}`.
+    The pod decays when the shortfall's lower bound at one-sided ``decay_confidence``,
+    Bonferroni-shared over the pods tested, is above ``decay_margin`` of the peers' level:
+    a real drop, and one large enough to matter (5 % of P(L≥1) is about 5 % of the speedup's
+    gain at typical curves). Only pods with ``min_drafts`` drafts in the window count.
+    """
+    th = thresholds or Thresholds()
+    pods = sorted(
+        (
+            (name, c)
+            for name, c in obs.per_pod.items()
+            if c.drafts is not None
+            and c.drafts >= th.min_drafts
+            and c.first_accepted is not None
+            and c.started_s is not None
+        ),
+        key=lambda item: item[1].started_s or 0.0,
+    )
+    tested = [
+        (name, c, [q for _, q in pods if (q.started_s or 0.0) > (c.started_s or 0.0)])
+        for name, c in pods
+    ]
+    tested = [t for t in tested if t[2]]
+    if not tested:
+        return ()
+    z = NormalDist().inv_cdf(1 - (1 - th.decay_confidence) / len(tested))
+    out: list[tuple[float, Finding]] = []
+    for name, c, younger in tested:
+        n_i, x_i = c.drafts or 0.0, min(c.first_accepted or 0.0, c.drafts or 0.0)
+        n_y = math.fsum(q.drafts or 0.0 for q in younger)
+        x_y = math.fsum(min(q.first_accepted or 0.0, q.drafts or 0.0) for q in younger)
+        p_i, p_y = x_i / n_i, x_y / n_y
+        se = math.sqrt(p_i * (1 - p_i) / n_i + p_y * (1 - p_y) / n_y)
+        low = (p_y - p_i) - z * se
+        if not low > th.decay_margin * p_y:
+            continue
+        older = math.fsum((q.started_s or 0.0) for q in younger) / len(younger) - (
+            c.started_s or 0.0
+        )
+        length = 1 + c.accepted / n_i if c.accepted is not None else None
+        acc_y = [q.accepted for q in younger]
+        peers_length = (
+            1 + math.fsum(a for a in acc_y if a is not None) / n_y
+            if all(a is not None for a in acc_y)
+            else None
+        )
+        out.append(
+            (
+                low,
+                Finding(
+                    Code.POD_ACCEPTANCE_DECAY,
+                    f"pod {name}'s acceptance decayed with its uptime: P(L≥1) {p_i:.3f} against "
+                    f"{p_y:.3f} on the {len(younger)} pod(s) started after it (on average "
+                    f"{older / 3600:.1f} h later), at least {low:.3f} lower at "
+                    f"{th.decay_confidence:.0%} confidence; the same arm and traffic, so not "
+                    "drift",
+                    {
+                        "pod": name,
+                        "p_len_ge_1": _num(p_i),
+                        "peers_p_len_ge_1": _num(p_y),
+                        "shortfall_low": _num(low),
+                        "decay_margin": th.decay_margin,
+                        "drafts": _num(n_i),
+                        "peers": len(younger),
+                        "peers_drafts": _num(n_y),
+                        "mean_accepted_length": _num(length),
+                        "peers_mean_accepted_length": _num(peers_length),
+                        "started_s": _num(c.started_s),
+                        "older_than_peers_s": _num(older),
+                    },
+                    f"restart pod {name} (its replacement starts at the peers' level), or set "
+                    "retune.drift.podAction: restartPod to let the operator do it one pod at a "
+                    "time",
+                ),
+            )
+        )
+    return tuple(f for _, f in sorted(out, key=lambda item: -item[0]))
+
+
 # -- the diagnosis ------------------------------------------------------------------------
 
 
@@ -733,12 +918,21 @@ def diagnose(
     )
     pp = acc.per_position
     first = pp[0] if pp else acc.rate
-    low = first < th.low_acceptance and enough_drafts
+    first_landed = (
+        pp[0] * acc.drafts
+        if pp and acc.drafts is not None and acc.per_position_source.startswith("measured")
+        else None
+    )
+    broken = drafter_broken(acc.drafts, first_landed, acc.accepted_tokens, th)
+    if broken is not None:
+        findings.append(broken)  # more than a poor fit: LOW_ACCEPTANCE would say less
+    low = first < th.low_acceptance and enough_drafts and broken is None
     collapsed = (
         q2 is not None
         and acc.per_position_source == "measured"
         and q2 < th.collapse_at_2
         and enough_drafts
+        and broken is None
     )
     if low or collapsed:
         why = (
@@ -874,7 +1068,15 @@ def diagnose(
             )
         )
 
-    problems = {Code.LOW_ACCEPTANCE, Code.DRAFTER_TOO_EXPENSIVE, Code.K_PAST_PEAK}
+    findings.extend(pod_decay(obs, th))
+
+    problems = {
+        Code.LOW_ACCEPTANCE,
+        Code.DRAFTER_TOO_EXPENSIVE,
+        Code.K_PAST_PEAK,
+        Code.DRAFTER_BROKEN,
+        Code.POD_ACCEPTANCE_DECAY,
+    }
     if not any(f.code in problems for f in findings):
         pays_measured = speedup_ci is not None and speedup_ci.low > 1.0
         at_k = speedups[k] if k < len(speedups) else None

@@ -59,9 +59,11 @@ __all__ = [
     "applied_speedup",
     "build_status",
     "decode_memory",
+    "drafter_condition",
     "encode_memory",
     "load_memory",
     "merge_conditions",
+    "pods_condition",
     "recommendation_of",
     "trials_of",
     "verified_condition",
@@ -369,6 +371,32 @@ def verified_condition(state: ControllerState) -> ConditionUpdate | None:
         ConditionStatus(state.verified_status),
         state.verified_reason or "",
         state.verified_message or "",
+    )
+
+
+def drafter_condition(state: ControllerState) -> ConditionUpdate | None:
+    """The ``DrafterWorking`` condition: False once a broken drafter made the target fall
+    back (None while no drafter was found broken)."""
+    if state.drafter_status is None:
+        return None
+    return ConditionUpdate(
+        "DrafterWorking",
+        ConditionStatus(state.drafter_status),
+        state.drafter_reason or "",
+        state.drafter_message or "",
+    )
+
+
+def pods_condition(state: ControllerState) -> ConditionUpdate | None:
+    """The ``PodsHoldAcceptance`` condition: False while a pod's acceptance decays with its
+    uptime (``POD_ACCEPTANCE_DECAY``), True once none does (None before the first)."""
+    if state.pods_status is None:
+        return None
+    return ConditionUpdate(
+        "PodsHoldAcceptance",
+        ConditionStatus(state.pods_status),
+        state.pods_reason or "",
+        state.pods_message or "",
     )
 
 

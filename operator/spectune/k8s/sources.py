@@ -57,6 +57,7 @@ __all__ = [
     "PodsScrapeSource",
     "auth_headers",
     "check_url_allowed",
+    "pod_ready",
     "pod_urls",
     "prometheus_headers",
     "prometheus_tls",
@@ -258,7 +259,8 @@ async def prometheus_tls(
         ) from None
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod serves: Running, Ready and not being deleted."""
     status = pod.get("status") or {}
     if pod.get("metadata", {}).get("deletionTimestamp") or status.get("phase") != "Running":
         return False
@@ -279,7 +281,7 @@ def pod_urls(pods: Sequence[Mapping[str, Any]], scrape: ScrapeMetrics) -> list[s
     urls = []
     for pod in pods:
         ip = (pod.get("status") or {}).get("podIP")
-        if not ip or not _ready(pod):
+        if not ip or not pod_ready(pod):
             continue
         host = f"[{ip}]" if ":" in ip else ip
         urls.append(f"http://{host}:{scrape.port}{scrape.path}")

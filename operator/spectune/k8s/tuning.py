@@ -103,6 +103,7 @@ from spectune.k8s.deployments import (
 )
 from spectune.k8s.inplace import ANNOTATION_TRIAL, InPlaceActuator, Stretch, SwitchbackMetrics
 from spectune.k8s.placement import Hold, scaling_of
+from spectune.k8s.pods import PodStarts, TargetPods
 from spectune.k8s.projection import (
     ConditionUpdate,
     Memory,
@@ -110,8 +111,10 @@ from spectune.k8s.projection import (
     acceptance_of,
     api_phase,
     build_status,
+    drafter_condition,
     findings_of,
     load_memory,
+    pods_condition,
     verified_condition,
 )
 from spectune.k8s.routes import RouteWatch, describe_move, encode_mix
@@ -156,7 +159,15 @@ Claims = Callable[[str], Iterable[tuple[str, str]]]
 and is not being deleted; the oldest one tunes it."""
 
 _WARNINGS = frozenset(
-    {"TrialAborted", "TrialInfeasible", "AcceptanceDrift", "HumanEdit", "RolledBack"}
+    {
+        "TrialAborted",
+        "TrialInfeasible",
+        "AcceptanceDrift",
+        "HumanEdit",
+        "RolledBack",
+        "DrafterBroken",
+        "PodAcceptanceDecay",
+    }
 )
 _FORBIDDEN_RETRY_S = 5.0
 """Seconds (at least ``SPECTUNE_POLL_SECONDS``) before a forbidden call is tried again."""
@@ -1211,6 +1222,9 @@ class TuningLoop:
             )
         else:
             inner_metrics = PairedSources(incumbent, canary, window_sleep, waits=waits)
+        bare = KubeActuator(self._api, self._spt(), spec.target_ref.name, None, "vllm", {})
+        pods = TargetPods(self._api, self._ns, bare.target_pods)
+        inner_metrics = PodStarts(inner_metrics, pods.started)
         metrics = _RecordingMetrics(inner_metrics, lambda: actuator.last, self._counter_reset)
         controller = Controller(
             policy=SpectunePolicy(),
@@ -1223,6 +1237,7 @@ class TuningLoop:
             history=memory.history,
             state=memory.state,
             on_event=self._event,
+            pods=pods,
         )
         holder.append(controller)
         original = memory.original
@@ -1355,6 +1370,9 @@ class TuningLoop:
         verified = verified_condition(c.state)
         if verified is not None:
             conditions.append(verified)
+        for cond in (drafter_condition(c.state), pods_condition(c.state)):
+            if cond is not None:
+                conditions.append(cond)
         await self._write(
             StatusInputs(
                 phase=api_phase(c.state.shown_phase),

@@ -5,7 +5,13 @@
 """
 
 from spectune.metrics.exposition import Sample, Snapshot, parse_page
-from spectune.metrics.observation import Histogram, Observation, SpecCounts, observation_from_pages
+from spectune.metrics.observation import (
+    Histogram,
+    Observation,
+    PodCounts,
+    SpecCounts,
+    observation_from_pages,
+)
 from spectune.metrics.prometheus import PrometheusSource, validate_selector
 from spectune.metrics.scrape import PodScrapeSource
 from spectune.metrics.source import MetricSource
@@ -14,6 +20,7 @@ __all__ = [
     "Histogram",
     "MetricSource",
     "Observation",
+    "PodCounts",
     "PodScrapeSource",
     "PrometheusSource",
     "Sample",

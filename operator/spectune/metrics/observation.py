@@ -20,8 +20,10 @@ from spectune.errors import InputError
 from spectune.metrics.exposition import Labels, Sample, Snapshot
 
 __all__ = [
+    "PROCESS_START",
     "Histogram",
     "Observation",
+    "PodCounts",
     "SpecCounts",
     "observation_from_pages",
 ]
@@ -95,6 +97,27 @@ class SpecCounts:
     emitted: float | None = None
 
 
+#: The start time of the engine's process, Unix seconds: prometheus_client's process
+#: collector exports it on Linux (vLLM, SGLang and trtllm-serve are Python servers).
+PROCESS_START = "process_start_time_seconds"
+
+
+@dataclass(frozen=True)
+class PodCounts:
+    """One pod's speculation counts over the window, and when its engine started.
+
+    ``first_accepted`` counts the passes whose first drafted token landed (the first
+    per-position counter), so ``first_accepted / drafts`` is the pod's ``P(L >= 1)``;
+    ``started_s`` is its :data:`PROCESS_START` (None where the page has none). Fields the
+    dialect does not export are None.
+    """
+
+    drafts: float | None
+    first_accepted: float | None
+    accepted: float | None
+    started_s: float | None = None
+
+
 @dataclass(frozen=True)
 class Observation:
     """Everything spectune reads from one set of pods over one window.
@@ -154,6 +177,9 @@ class Observation:
     every pod served throughout; far below it when Prometheus first scraped a pod late in
     the window (a pod that just became ready), whose increases are then stretched from a
     fraction of it. None when the source read pages at both ends of the whole window."""
+    per_pod: Mapping[str, PodCounts] = field(default_factory=dict)
+    """Each pod's own speculation counts and start time: what tells one pod's decay from a
+    change that moves every pod (``diagnose.pod_decay``)."""
 
     @property
     def speculating(self) -> bool:
@@ -462,6 +488,7 @@ def observation_from_pages(
     configured_k: int | None = None
     draft_tokens_g: list[float | None] = []
     kv_fallback_used = False
+    per_pod: dict[str, PodCounts] = {}
 
     for pod, end in ends.items():
         beg = start.get(pod)
@@ -491,11 +518,13 @@ def observation_from_pages(
         draft_tokens = _add(draft_tokens, d_draft_tokens)
         accepted = _add(accepted, d_accepted)
         emitted = _add(emitted, d_emitted)
+        pod_drafts, pod_first = d_drafts, None
         pp = _counter_delta(beg, end, cat.accepted_per_pos)
         if pp is not None and cat.position_label is not None:
             values, r = pp
             reset |= r
             pos = _per_position(values, cat.position_label)
+            pod_first = pos[0] if pos else None
             accepted_pp = _add(accepted_pp, math.fsum(pos))
             if len(pos) > len(per_pos):
                 per_pos.extend([0.0] * (len(pos) - len(per_pos)))
@@ -510,6 +539,7 @@ def observation_from_pages(
                 reset |= r
                 first = _per_position(values, cat.position_label or "position")
                 drafts = _add(drafts, first[0] if first else None)
+                pod_drafts = first[0] if first else None
                 drafted_pp = _add(drafted_pp, math.fsum(first))
         gen = _add(gen, counter(cat.generation_tokens))
         prompt = _add(prompt, counter(cat.prompt_tokens))
@@ -550,6 +580,9 @@ def observation_from_pages(
         blocks, size, tokens = _min_int(blocks, b), _min_int(size, sz), _min_int(tokens, tk)
         if reset:
             resets.append(pod)
+        if pod_drafts is not None:
+            started = end.total(PROCESS_START)
+            per_pod[pod] = PodCounts(pod_drafts, pod_first, d_accepted, started)
 
     notes: list[str] = []
     steps = _mean(steps_g)
@@ -644,6 +677,7 @@ def observation_from_pages(
         request_acceptance=hists["request_acceptance"],
         engine_version=_version(after),
         notes=tuple(notes),
+        per_pod=per_pod,
     )
 
 

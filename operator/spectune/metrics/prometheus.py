@@ -48,7 +48,7 @@ from spectune.errors import (
     UnauthorizedError,
 )
 from spectune.metrics.exposition import Sample, Snapshot
-from spectune.metrics.observation import Observation, observation_from_pages
+from spectune.metrics.observation import PROCESS_START, Observation, observation_from_pages
 from spectune.selectors import check_headers, check_label_name, validate_selector
 
 __all__ = ["PrometheusSource", "answer", "check_headers", "tls_context", "validate_selector"]
@@ -284,6 +284,7 @@ def _series_names(cat: Catalogue) -> list[str]:
         cat.kv_max_blocks, cat.kv_tokens_per_block,
     ]  # fmt: skip
     names = [n for n in plain if n]
+    names.append(PROCESS_START)  # each pod's start: its uptime, for per-pod decay
     names += [h + part for h in _histograms(cat) for part in ("_bucket", "_sum", "_count")]
     return sorted(set(names))
 

@@ -81,6 +81,16 @@ BAD_SPECS = [
         "spec.retune.drift.threshold",
     ),
     BadSpec(
+        "pod-action-unknown",
+        {"retune": {"drift": {"podAction": "deletePod"}}},
+        "spec.retune.drift.podAction",
+    ),
+    BadSpec(
+        "min-ready-pods-zero",
+        {"retune": {"drift": {"minReadyPods": 0}}},
+        "spec.retune.drift.minReadyPods",
+    ),
+    BadSpec(
         "negative-guardrail",
         {"objective": {"guardrails": {"maxTTFTP95Regression": -0.1}}},
         "spec.objective.guardrails.maxTTFTP95Regression",

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from spectune.api import parse_spec, to_controller_config, to_objective, to_search_space
-from spectune.api.spec import DriftAction, Engine, ObjectiveMetric, SpecTuningSpec
+from spectune.api.spec import DriftAction, Engine, ObjectiveMetric, PodAction, SpecTuningSpec
 from spectune.control.controller import ControllerConfig
 from spectune.control.controller import DriftAction as LoopDriftAction
 from spectune.search.arms import OFF, Arm
@@ -111,6 +111,19 @@ def test_controller_config_of_the_recommend_example() -> None:
 def test_every_drift_action_has_a_counterpart(action: DriftAction) -> None:
     config = to_controller_config(_minimal(retune={"drift": {"action": action.value}}))
     assert config.drift_action.value == action.value
+
+
+@pytest.mark.parametrize("action", list(PodAction))
+def test_every_pod_action_has_a_counterpart(action: PodAction) -> None:
+    config = to_controller_config(_minimal(retune={"drift": {"podAction": action.value}}))
+    assert config.pod_action.value == action.value
+
+
+def test_pod_decay_only_alerts_unless_asked_and_keeps_one_ready_pod() -> None:
+    config = to_controller_config(_minimal())
+    assert config.pod_action.value == "alert" and config.min_ready_pods == 1
+    asked = _minimal(retune={"drift": {"podAction": "restartPod", "minReadyPods": 3}})
+    assert to_controller_config(asked).min_ready_pods == 3
 
 
 def test_min_drafts_reaches_the_loop() -> None:
