@@ -30,18 +30,19 @@ the buckets' resolution — the test a trial's guardrails apply
 (:func:`~spectune.search.spectune_policy.guardrail_breach`). Two disjoint 95 % intervals
 differ at well below 5 % by chance, so one such window is evidence enough to roll back: a
 wrong rollback costs one restart, a missed one costs every user until the next search.
-Where the target and its references were all saturated, their latencies count backlogs
-of different ages, and the target is judged on its service rate too: output tokens per
-second per pod below the references' beyond the counts' noise
-(:func:`_slower_when_saturated`). Objectives without an interval (throughputs, which at an
-unchanged load equal the offered load) are judged on the guardrails and that rate only. A p95 the histogram cannot place inside its
-bucket (``WindowStats.objective_bound``: every per-token latency under vLLM's first bucket)
-is judged by the mean per-token latency, which the histogram holds exactly: worse when the
-target's mean exceeds every reference's by more than 1.96·√2 times the window-to-window
-spread of a ratio of such means (:data:`~spectune.search.model.MEASURED_FLOOR`), the
-reading the model itself gives a hidden tail (the mean times the acceptance's tail ratio),
-and only where the target carried no more requests per pod than the references (the mean
-rises with the request rate: each prefill stalls the decodes beside it).
+Where the target and its references were all saturated, their latencies count backlogs of
+different ages, and the target is judged on its service rate too: output tokens per second
+per pod below the references' beyond the counts' noise (:func:`_slower_when_saturated`).
+Objectives without an interval (throughputs, which at an unchanged load equal the offered
+load) are judged on the guardrails and that rate only. A p95 the histogram cannot place
+inside its bucket (``WindowStats.objective_bound``: every per-token latency under vLLM's
+first bucket) is judged by the mean per-token latency, which the histogram holds exactly:
+worse when the target's mean exceeds every reference's by more than 1.96·√2 times the
+window-to-window spread of a ratio of such means
+(:data:`~spectune.search.model.MEASURED_FLOOR`), the reading the model itself gives a
+hidden tail (the mean times the acceptance's tail ratio), and only where the target
+carried no more requests per pod than the references (the mean rises with the request
+rate: each prefill stalls the decodes beside it).
 """
 
 from __future__ import annotations

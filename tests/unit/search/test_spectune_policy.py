@@ -321,7 +321,8 @@ def test_two_saturated_sides_are_compared_on_their_service_rate_not_their_latenc
                   objective_high=63.0)  # fmt: skip
     can = replace(world.stats(arm), **full, objective=30.0, objective_low=28.5,
                   objective_high=31.5, requests=inc.requests * 0.6,
-                  tokens_per_s=inc.tokens_per_s * 0.6 * inc.pods / world.stats(arm).pods)  # fmt: skip
+                  tokens_per_s=inc.tokens_per_s * 0.6 * inc.pods
+                  / world.stats(arm).pods)  # fmt: skip
     assert saturated(inc) and saturated(can)
     window = WindowRecord(480, 780, inc, can, "off")
     assert not window.backlog_pair  # both saturated: not the other rule's case
