@@ -409,6 +409,8 @@ CAN_I: list[tuple[str, str, str, bool, bool]] = [
     ("patch", "deployments.apps", "watched", True, True),
     ("delete", "deployments.apps", "watched", True, True),
     ("list", "pods", "watched", True, True),
+    # retune.drift.podAction: restartPod deletes one decayed pod at a time
+    ("delete", "pods", "watched", True, True),
     ("create", "events", "watched", True, True),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io", "cluster", True, True),
     # never: Secrets by default, other verbs, RBAC, the CRDs themselves
@@ -417,7 +419,7 @@ CAN_I: list[tuple[str, str, str, bool, bool]] = [
     ("watch", "secrets", "watched", False, False),
     ("get", "secrets", "kube-system", False, False),
     ("update", "deployments.apps", "watched", False, False),
-    ("delete", "pods", "watched", False, False),
+    ("update", "pods", "watched", False, False),
     ("create", "rolebindings.rbac.authorization.k8s.io", "watched", False, False),
     ("create", "customresourcedefinitions.apiextensions.k8s.io", "cluster", False, False),
     # outside the watched namespaces: only with clusterWide=true
