@@ -196,12 +196,14 @@ def _capacity_pair(can: WindowStats, inc: WindowStats) -> tuple[float, float, fl
     tokens per second per pod, with the Poisson spread of the two requests counts
     (√(1/n₁ + 1/n₂)). A throughput objective is that capacity already.
     """
-    if not (saturated(can) and saturated(inc)) or not (can.pods and inc.pods):
+    if not (saturated(can) and saturated(inc)):
         return None
-    rates = [s.tokens_per_s / s.pods for s in (can, inc)]
-    if not all(r > 0 for r in rates) or not (can.requests > 0 and inc.requests > 0):
+    if not (can.tokens_per_pod > 0 and inc.tokens_per_pod > 0):
         return None
-    return 1.0 / rates[0], 1.0 / rates[1], math.sqrt(1 / can.requests + 1 / inc.requests)
+    if not (can.requests > 0 and inc.requests > 0):
+        return None
+    spread = math.sqrt(1 / can.requests + 1 / inc.requests)
+    return 1.0 / can.tokens_per_pod, 1.0 / inc.tokens_per_pod, spread
 
 
 def _survival(windows: Iterable[WindowStats]) -> np.ndarray:

@@ -126,6 +126,12 @@ class WindowStats:
     objective_floor: float = 0.0
     """That bucket's lower edge: 0 for the first bucket."""
 
+    @property
+    def tokens_per_pod(self) -> float:
+        """Output tokens per second per pod (NaN without pods): at saturation, the arm's
+        service rate."""
+        return self.tokens_per_s / self.pods if self.pods else math.nan
+
 
 #: A bucket that holds this share of a window's observations leaves their spread unknown:
 #: with (almost) none on either side, any shape of the right mean fits the counts, so the

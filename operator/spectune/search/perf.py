@@ -116,8 +116,7 @@ class GroupWindow:
     @property
     def load(self) -> float:
         """Output tokens per second per pod."""
-        s = self.stats
-        return s.tokens_per_s / s.pods if s.pods else math.nan
+        return self.stats.tokens_per_pod
 
     @property
     def step(self) -> float:

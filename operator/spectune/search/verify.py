@@ -232,11 +232,10 @@ def _slower_when_saturated(s: WindowStats, refs: Sequence[WindowStats]) -> str |
     """
     if not saturated(s) or not refs or not all(saturated(r) for r in refs):
         return None
-    if not (s.pods and s.requests > 0 and s.tokens_per_s > 0):
+    mine, theirs = s.tokens_per_pod, [r.tokens_per_pod for r in refs]
+    if not (mine > 0 and s.requests > 0) or not all(t > 0 for t in theirs):
         return None
-    mine = s.tokens_per_s / s.pods
-    theirs = [r.tokens_per_s / r.pods for r in refs if r.pods and r.tokens_per_s > 0]
-    if len(theirs) < len(refs) or not all(r.requests > 0 for r in refs):
+    if not all(r.requests > 0 for r in refs):
         return None
     noise = max(math.exp(1.96 * math.sqrt(1 / s.requests + 1 / r.requests)) for r in refs)
     if mine * noise >= min(theirs):

@@ -269,6 +269,12 @@ def _fresh_from_off(world: FakeWorld) -> tuple[History, SpectunePolicy, TuningCo
     return history, SpectunePolicy(), ctx
 
 
+def _saturated_off(world: FakeWorld) -> WindowStats:
+    """``off`` queueing for 20 s at a batch of 30: saturated at this load."""
+    return replace(world.stats(OFF), queue_p95=20.0, tpot_mean=0.09, objective=0.2,
+                   objective_low=0.19, objective_high=0.21, running=30.0)  # fmt: skip
+
+
 def test_a_saturated_incumbent_against_a_canary_that_is_not_is_judged_on_the_window() -> None:
     # The incumbent's pods queue for seconds at a batch several times the canary's (at this
     # load its arm fills the pods; the canary's does not): that is the comparison the
@@ -276,8 +282,7 @@ def test_a_saturated_incumbent_against_a_canary_that_is_not_is_judged_on_the_win
     world = WORLDS["chat: eagle3 wins at a small k"]
     history, policy, ctx = _fresh_from_off(world)
     arm = parse_arm("eagle3/8")
-    saturated_off = replace(world.stats(OFF), queue_p95=20.0, tpot_mean=0.09, objective=0.2,
-                            objective_low=0.19, objective_high=0.21, running=30.0)  # fmt: skip
+    saturated_off = _saturated_off(world)
     assert saturated(saturated_off) and not saturated(world.stats(arm))
     trial = TrialRecord(arm.name, OFF.name, 0, 300.0).with_window(
         WindowRecord(480, 780, saturated_off, world.stats(arm), "off")
@@ -295,8 +300,7 @@ def test_a_saturated_incumbent_beside_a_canary_at_half_its_load_measures_nothing
     world = WORLDS["chat: eagle3 wins at a small k"]
     history, policy, ctx = _fresh_from_off(world)
     arm = parse_arm("eagle3/8")
-    saturated_off = replace(world.stats(OFF), queue_p95=20.0, tpot_mean=0.09, objective=0.2,
-                            objective_low=0.19, objective_high=0.21, running=30.0)  # fmt: skip
+    saturated_off = _saturated_off(world)
     light = replace(world.stats(arm), requests=saturated_off.requests / 2)
     window = WindowRecord(480, 780, saturated_off, light, "off")
     assert window.backlog_pair and not saturated(light)
