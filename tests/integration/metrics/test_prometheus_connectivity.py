@@ -14,18 +14,16 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
 
 from spectune.exitcodes import ExitCode
 from tests.fixtures.prometheus import free_port
+from tests.fixtures.recording import RecordingServer
 
 REPO = Path(__file__).resolve().parents[3]
 _EMPTY = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
@@ -123,41 +121,16 @@ def test_a_private_ca_is_trusted_only_when_given(tls_prometheus: tuple[str, Path
     assert bad.returncode == ExitCode.BAD_INPUT and "not PEM certificates" in bad.stderr
 
 
-class _Recorder:
-    """A loopback listener answering every query with no series, recording each request."""
-
-    def __init__(self) -> None:
-        seen: list[tuple[dict[str, str], str]] = []
-        self.seen = seen
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                query = parse_qs(urlsplit(self.path).query).get("query", [""])[0]
-                seen.append((dict(self.headers), query))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(_EMPTY)))
-                self.end_headers()
-                self.wfile.write(_EMPTY)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 def test_tenant_header_and_cluster_matcher_go_with_every_query() -> None:
-    rec = _Recorder()
+    rec = RecordingServer(_EMPTY)
     try:
         proc = _diagnose(rec.url, "--header", "X-Scope-OrgID: team-a", "--cluster", "eu-west-1")
     finally:
-        rec.server.shutdown()
-        rec.server.server_close()
+        rec.close()
     assert proc.returncode == ExitCode.NO_DATA, proc.stderr
     assert len(rec.seen) >= 3  # the dialect probes, one per engine
-    for headers, query in rec.seen:
+    for message, query in rec.seen:
+        headers = dict(message)
         assert headers.get("X-Scope-OrgID") == "team-a", headers
         assert f"cluster={json.dumps('eu-west-1')}" in query, query
         assert 'namespace="llm"' in query

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from kubernetes import client
@@ -24,6 +22,7 @@ from kubernetes import client
 from spectune.k8s.sources import LABEL_CREDENTIALS
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.prometheus import Prometheus
+from tests.fixtures.recording import RecordingServer
 from tests.integration.operator.conftest import SA, SA_NAMESPACE, OperatorProcess
 from tests.integration.operator.helpers import MODEL, Env, diagnostics, spectuning
 
@@ -32,33 +31,15 @@ WINDOW_S = 10.0
 _EMPTY = b'{"status":"success","data":{"resultType":"matrix","result":[]}}'
 
 
-class Listener:
+class Listener(RecordingServer):
     """An HTTP server of the SpecTuning's author: records every Authorization header."""
 
     def __init__(self) -> None:
-        seen: list[str] = []
-        self.seen = seen
+        super().__init__(_EMPTY)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                seen.append(self.headers.get("Authorization") or "")
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(_EMPTY)))
-                self.end_headers()
-                self.wfile.write(_EMPTY)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    @property
+    def authorizations(self) -> list[str]:
+        return [headers.get("Authorization") or "" for headers, _ in self.seen]
 
 
 @pytest.fixture
@@ -134,7 +115,7 @@ def test_a_spectuning_cannot_send_an_unlabelled_secret_to_its_authors_listener(
     assert LABEL_CREDENTIALS in cond["message"], cond
     # Two windows more: nothing is sent, nothing of the Secret is in the status.
     time.sleep(2 * WINDOW_S)
-    assert not any(TOKEN in h for h in listener.seen), listener.seen
+    assert not any(TOKEN in h for h in listener.authorizations), listener.authorizations
     assert TOKEN not in json.dumps(env.status())
     assert not env.canaries()
 
@@ -142,9 +123,9 @@ def test_a_spectuning_cannot_send_an_unlabelled_secret_to_its_authors_listener(
         "db-creds", namespace, {"metadata": {"labels": {LABEL_CREDENTIALS: "true"}}}
     )
     wait_for(
-        lambda: f"Bearer {TOKEN}" in listener.seen,
+        lambda: f"Bearer {TOKEN}" in listener.authorizations,
         timeout=WINDOW_S * 4 + 20,
-        message=lambda: f"the labelled Secret used; seen={listener.seen}; {why()}",
+        message=lambda: f"the labelled Secret used; seen={listener.authorizations}; {why()}",
     )
 
 
