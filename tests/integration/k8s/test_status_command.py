@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from tests.fixtures.cluster import Cluster, wait_for
+from tests.fixtures.cluster import Cluster
 from tests.unit.api.bad_specs import BASE
+from tests.unit.operator.test_status_projection import status_stats
 
 from spectune.api.crd import CRD_PATH
 from spectune.api.names import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, VERSION
@@ -41,28 +42,13 @@ NAME = "llama-8b"
 
 @pytest.fixture(scope="module")
 def crd(cluster: Cluster) -> Iterator[None]:
-    ext = client.ApiextensionsV1Api(cluster.api)
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / CRD_PATH))
-
-    def established() -> bool:
-        got = ext.read_custom_resource_definition(CRD_NAME)
-        return any(
-            c.type == "Established" and c.status == "True" for c in (got.status.conditions or [])
-        )
-
-    wait_for(established, timeout=60, message=f"CRD {CRD_NAME} Established")
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
     yield
 
 
-def _stats(objective: float, *, k: int = 0, drafts: float = 0.0, per_pos=()) -> WindowStats:  # type: ignore[no-untyped-def]
-    return WindowStats(
-        objective=objective, objective_low=NAN, objective_high=NAN, requests=100,
-        tpot_mean=objective, tpot_p95=objective, ttft_p95=0.2, ttft_p95_low=NAN,
-        ttft_p95_high=NAN, queue_p95=0.0, queue_p95_low=NAN, queue_p95_high=NAN,
-        e2e_p95=NAN, tokens_per_s=NAN, running=4.0, pods=1, k=k, drafts=drafts,
-        accepted_per_pos=tuple(per_pos), mean_accepted_length=NAN if not drafts else 2.8,
-        num_gpu_blocks=None, preemptions=0.0,
-    )  # fmt: skip
+def _stats(objective: float, **kw: Any) -> WindowStats:
+    return status_stats(objective, accepted_length=2.8, **kw)
 
 
 def _status() -> dict[str, Any]:

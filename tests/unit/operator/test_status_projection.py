@@ -35,24 +35,32 @@ NAN = math.nan
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
 
-def _stats(objective: float, *, k: int = 0, drafts: float = 0.0, per_pos=()) -> WindowStats:  # type: ignore[no-untyped-def]
+def status_stats(  # type: ignore[no-untyped-def]
+    objective: float, *, k: int = 0, drafts: float = 0.0, per_pos=(), accepted_length: float = 2.5
+) -> WindowStats:
+    """A one-pod window as the status projection reads it (also the status-command test's)."""
     return WindowStats(
         objective=objective, objective_low=NAN, objective_high=NAN, requests=100,
         tpot_mean=objective, tpot_p95=objective, ttft_p95=0.2, ttft_p95_low=NAN,
         ttft_p95_high=NAN, queue_p95=0.0, queue_p95_low=NAN, queue_p95_high=NAN,
         e2e_p95=NAN, tokens_per_s=NAN, running=4.0, pods=1, k=k, drafts=drafts,
-        accepted_per_pos=tuple(per_pos), mean_accepted_length=NAN if not drafts else 2.5,
+        accepted_per_pos=tuple(per_pos),
+        mean_accepted_length=NAN if not drafts else accepted_length,
         num_gpu_blocks=None, preemptions=0.0,
     )  # fmt: skip
 
 
 def _history() -> History:
     w = WindowRecord(
-        100.0, 110.0, _stats(0.030), _stats(0.020, k=3, drafts=1000, per_pos=(800, 600, 400)), "off"
+        100.0,
+        110.0,
+        status_stats(0.030),
+        status_stats(0.020, k=3, drafts=1000, per_pos=(800, 600, 400)),
+        "off",
     )
     t = TrialRecord("eagle3/3", "off", 0, 100.0, Outcome.MEASURED, "next arm chosen", (w,))
     running = TrialRecord("eagle3/2", "off", 0, 120.0)
-    return History().add_baseline(WindowRecord(80.0, 90.0, _stats(0.031))).add_trial(
+    return History().add_baseline(WindowRecord(80.0, 90.0, status_stats(0.031))).add_trial(
         t).add_trial(running)  # fmt: skip
 
 
@@ -88,8 +96,8 @@ def test_trials_show_the_measured_values_and_the_running_one() -> None:
 
 def test_a_trial_shows_the_per_pod_load_of_both_groups_and_their_ratio() -> None:
     """Canary: 100 requests on 1 pod over 10 s; incumbent: 300 on 2 pods (15/s per pod)."""
-    can = replace(_stats(0.020), requests=100, pods=1, running=6.0)
-    inc = replace(_stats(0.030), requests=300, pods=2, running=9.0)
+    can = replace(status_stats(0.020), requests=100, pods=1, running=6.0)
+    inc = replace(status_stats(0.030), requests=300, pods=2, running=9.0)
     beside = WindowRecord(100.0, 110.0, inc, can, "off")
     matched = WindowRecord(110.0, 120.0, inc, replace(can, requests=150), "off")
     t = TrialRecord("eagle3/3", "off", 0, 100.0, Outcome.MEASURED, "", (beside, matched))
@@ -129,11 +137,11 @@ def test_a_switchback_trial_says_so_and_counts_its_restarts_across_a_restart() -
 
 
 def test_acceptance_from_per_position_counts() -> None:
-    acc = acceptance_of(_stats(0.02, k=3, drafts=1000, per_pos=(800, 600, 400)), 10.0)
+    acc = acceptance_of(status_stats(0.02, k=3, drafts=1000, per_pos=(800, 600, 400)), 10.0)
     assert acc is not None
     assert acc.per_position == (0.8, 0.6, 0.4)
     assert math.isclose(acc.rate, 0.6) and acc.window == "10s"
-    assert acceptance_of(_stats(0.03), 10.0) is None  # off: no drafts, no acceptance
+    assert acceptance_of(status_stats(0.03), 10.0) is None  # off: no drafts, no acceptance
 
 
 def test_acceptance_across_a_rollout_is_the_engines_own_rate() -> None:
@@ -142,7 +150,7 @@ def test_acceptance_across_a_rollout_is_the_engines_own_rate() -> None:
     # accepted / draft tokens is what `spectune:acceptance_rate` shows.
     per_pos = (700, 500, 300, 60, 40, 20, 10, 5)  # Σ = 1635 accepted of 1000 passes
     stats = replace(
-        _stats(0.02, k=8, drafts=1000, per_pos=per_pos),
+        status_stats(0.02, k=8, drafts=1000, per_pos=per_pos),
         mean_accepted_length=2.635,
         draft_tokens=3000.0,
     )
@@ -282,7 +290,7 @@ def _v1_status(windows: int) -> dict[str, object]:
     """A status as operators before memory version 2 wrote it: the memory as an object,
     every window of a ``windows``-long monitoring run in it."""
     runs = [(1000.0 + 300.0 * i, 1300.0 + 300.0 * i) for i in range(windows)]  # after the trial
-    baseline = tuple((0, WindowRecord(a, b, _stats(0.03))) for a, b in runs)
+    baseline = tuple((0, WindowRecord(a, b, status_stats(0.03))) for a, b in runs)
     history = History(trials=_history().trials, baseline=baseline).to_json()
     del history["batches"], history["dropped"]  # version 1 had neither
     state = {"phase": "Monitoring", "model_version": "sha-1", "reference_acceptance": 0.8,
