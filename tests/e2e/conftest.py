@@ -96,6 +96,7 @@ def chart_rules(cluster: Cluster) -> list[dict[str, Any]]:
     out = cluster.run(
         "helm", "template", "spectune", str(CHART),
         "--set", "prometheusRule.enabled=true",
+        "--api-versions", "monitoring.coreos.com/v1/PrometheusRule",
         "--show-only", "templates/prometheusrule.yaml",
     ).stdout  # fmt: skip
     doc = yaml.safe_load(out)

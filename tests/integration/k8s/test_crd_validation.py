@@ -102,7 +102,10 @@ def test_the_api_server_fills_in_the_models_defaults(
     stored = _create(cluster, namespace, _resource("minimal", minimal))["spec"]
     assert stored == parse_spec(minimal).model_dump(mode="json", exclude_none=True)
     assert stored["search"]["window"] == "5m"
-    assert stored["retune"]["drift"] == {"threshold": 0.15, "for": "30m", "action": "retune"}
+    assert stored["retune"]["drift"] == {
+        "threshold": 0.15, "for": "30m", "action": "retune",
+        "podAction": "alert", "minReadyPods": 1,
+    }  # fmt: skip
 
 
 def test_a_null_guardrail_is_kept_and_means_unchecked(
