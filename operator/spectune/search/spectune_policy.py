@@ -16,8 +16,11 @@ measured so far. Then:
    promote on a prediction alone).
 3. **Stop.** With posterior samples (:func:`posterior_draws`: a prediction read from a
    measured arm is drawn together with it), the probability that the leader is within ε of the
-   best arm; at :math:`\ge 1-\delta` the leader is promoted (a measured leader never loses
-   to the incumbent in expectation, since the incumbent is the reference at 0).
+   best arm; at :math:`\ge 1-\delta` the search ends. It ends on the leader only when the
+   leader is ahead of the incumbent with probability :math:`\ge 1-\delta`; otherwise the
+   incumbent stays (:func:`_not_ahead`: an arm whose lead is noise is within ε of the best
+   too, and would be promoted half the time). The same holds when the search ends because
+   no challenger is left or the trial budget is spent.
 4. **Challenger.** Otherwise, among the arms that beat the leader by more than ε with
    probability at least δ, the one with the largest expected improvement is tried next —
    a top-two rule in the spirit of Russo (2016), which spends trials on the arms that can
@@ -506,9 +509,24 @@ class SpectunePolicy:
             # Every arm's estimate as of this decision, priors of unseen drafters included.
             return Decision(kind, arm, reason, end, _estimates(beliefs, minimise))
 
+        def finish(leader: Arm, draws: np.ndarray, names: list[str], why: str) -> Decision:
+            # The search ends: the leader replaces the incumbent only when it is ahead of it
+            # with confidence (_not_ahead); otherwise the incumbent stays.
+            held = _not_ahead(draws, names, leader, ctx)
+            if held is not None:
+                return decision(DecisionKind.PROMOTE, ctx.incumbent, f"{why}; {held}")
+            return decision(DecisionKind.PROMOTE, _with_schedule(ctx, history, leader), why)
+
         if trials >= ctx.max_trials:
             leader = _leader(beliefs, measured_only=True) or ctx.incumbent
-            return decision(DecisionKind.PROMOTE, leader, f"trial budget of {ctx.max_trials} spent")
+            names = list(beliefs.arms)
+            rng = np.random.default_rng([ctx.seed, history.epoch, trials, _windows(history)])
+            return finish(
+                leader,
+                posterior_draws(beliefs, names, rng),
+                names,
+                f"trial budget of {ctx.max_trials} spent",
+            )
 
         # 1. Evidence the model needs before it can predict. What drafting costs follows
         # from `off`, or from another k of the incumbent's drafter (two lengths give the
@@ -571,9 +589,10 @@ class SpectunePolicy:
         tol = math.log(1 + ctx.epsilon)
         p_ok = float(np.mean(draws[:, li] <= draws.min(axis=1) + tol))
         if p_ok >= 1 - ctx.delta:
-            return decision(
-                DecisionKind.PROMOTE,
-                _with_schedule(ctx, history, leader),
+            return finish(
+                leader,
+                draws,
+                names,
                 f"{leader.name} is within {ctx.epsilon:.0%} of the best with probability "
                 f"{p_ok:.2f}: {_describe(lb, minimise, ctx)}",
             )
@@ -699,9 +718,10 @@ class SpectunePolicy:
                 _estimates(beliefs, minimise),
             )
         if beats[ci] < ctx.delta:
-            return decision(
-                DecisionKind.PROMOTE,
-                _with_schedule(ctx, history, leader),
+            return finish(
+                leader,
+                draws,
+                names,
                 f"no arm is likely to beat {leader.name} by {ctx.epsilon:.0%} "
                 f"(P(within ε) = {p_ok:.2f})",
             )
@@ -939,6 +959,32 @@ def posterior_draws(beliefs: Beliefs, names: list[str], rng: np.random.Generator
         step = rng.normal(0.0, max(beliefs.arms[n].relative_spread, 1e-9), size=SAMPLES)
         draws[:, i] = draws[:, j] + (means[i] - means[j]) + step
     return draws
+
+
+def _not_ahead(draws: np.ndarray, names: list[str], leader: Arm, ctx: TuningContext) -> str | None:
+    """Why the search ends on the incumbent rather than on ``leader``, or None to promote it.
+
+    The stopping rule asks whether the leader is within ε of the best arm, and an arm with
+    the incumbent's physics is: when the leader is the incumbent's twin (or any arm whose
+    difference from it is noise), its measured ratio is below 1 half the time, it leads
+    half the time, and it would be promoted — a rollout of every target pod bought for
+    nothing, at a rate near 1/2 for each such arm tried. Promoting only a leader that is
+    ahead of the incumbent with posterior probability ≥ 1 − δ bounds that rate at δ (for a
+    calibrated posterior, P ≥ 1 − δ under the null happens with probability δ), the risk the
+    SpecTuning states. What it can cost is a lead the trials could not tell from noise; the
+    ε-best stop puts the leader within ε of the best, so keeping an incumbent that is not
+    confidently behind it gives up little more than ε.
+    """
+    if leader.name == ctx.incumbent.name or ctx.incumbent.name not in names:
+        return None
+    li, ii = names.index(leader.name), names.index(ctx.incumbent.name)
+    ahead = float(np.mean(draws[:, li] < draws[:, ii]))
+    if ahead >= 1 - ctx.delta:
+        return None
+    return (
+        f"{leader.name} is ahead of the incumbent {ctx.incumbent.name} with probability only "
+        f"{ahead:.2f} (< {1 - ctx.delta:.2f}): keeping {ctx.incumbent.name}"
+    )
 
 
 def _leader(b: Beliefs, measured_only: bool) -> Arm | None:

@@ -1077,3 +1077,42 @@ def test_an_unseen_drafters_trial_that_leads_on_its_first_window_is_not_ended_by
     )
     after = SpectunePolicy().decide(ctx, history.add_trial(trial))
     assert after.end_running is None and after.arm == ngram, after.reason
+
+
+def _twin_world(lead: float) -> tuple[FakeWorld, SearchSpace]:
+    """eagle3 and a copy of it, at k = 1 only; the copy's objective is ``lead`` × eagle3's."""
+    a = (0.8, 0.97, 0.08)
+    world = FakeWorld({"eagle3": a, "twin": a})
+
+    def stats(arm: Arm) -> WindowStats:
+        s = FakeWorld.stats(world, arm)
+        if arm.drafter != "twin":
+            return s
+        return replace(
+            s,
+            objective=s.objective * lead,
+            objective_low=s.objective_low * lead,
+            objective_high=s.objective_high * lead,
+        )
+
+    world.stats = stats  # type: ignore[method-assign]
+    space = SearchSpace(
+        (DrafterSpec("eagle3", "eagle3", 1), DrafterSpec("twin", "eagle3", 1)), allow_off=False
+    )
+    return world, space
+
+
+def test_a_twin_of_the_incumbent_ahead_by_noise_is_not_promoted() -> None:
+    # The copy measures 0.5 % ahead, inside its ±2 % interval: it is within ε of the best,
+    # as the incumbent is, but not ahead of the incumbent with confidence. A promotion
+    # would restart every target pod for nothing.
+    world, space = _twin_world(0.995)
+    arm, history, _ = run_policy(world, parse_arm("eagle3/1"), space=space)
+    assert [t.arm for t in history.in_epoch()] == ["twin/1"]
+    assert arm.name == "eagle3/1"
+
+
+def test_a_copy_ahead_with_confidence_is_promoted() -> None:
+    world, space = _twin_world(0.9)
+    arm, _, _ = run_policy(world, parse_arm("eagle3/1"), space=space)
+    assert arm.name == "twin/1"
