@@ -194,6 +194,15 @@ def _print_summary(result: BenchResult) -> None:
             f"model change @{at:.0f}s: back within {RECOVERY_EFFICIENCY:g} of the oracle",
             "not by the phase's end" if took is None else f"after {took:.0f} s",
         )
+    for inc in result.incidents:
+        detected = "never" if inc.detected_s is None else f"after {inc.detected_s:.0f} s"
+        recovered = (
+            "not by the end" if inc.recovered_s is None else f"after {inc.recovered_s:.0f} s"
+        )
+        totals.add_row(
+            f"{inc.kind} {inc.what} @{inc.at_s:.0f}s: reported · recovered",
+            f"{detected} · {recovered}",
+        )
     totals.add_row("simulated", f"{doc['sim_seconds']} s")
     totals.add_row("wall", f"{doc['wall_seconds']} s")
     console.print(totals)

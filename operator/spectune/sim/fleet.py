@@ -84,6 +84,9 @@ class ReplicaState:
     """Why the arm could not start (vLLM's start-up message), for a failed replica."""
     num_gpu_blocks: int | None
     """KV blocks of the running engine (``None`` when no engine runs)."""
+    started_s: float | None = None
+    """When the running engine started, simulated seconds (the pod's start; ``None`` when
+    no engine runs)."""
 
 
 @dataclass(frozen=True)
@@ -280,6 +283,7 @@ class Fleet:
         self._events = sorted(enumerate(scenario.events), key=lambda pair: (pair[1].at_s, pair[0]))
         self._next_event = 0
         self._applied: list[AppliedEvent] = []
+        self._starts: list[tuple[float, int]] = []
         self._route_names = [r.name for r in scenario.routes]
         if start_s < 0 or math.isinf(start_s):
             raise SpecError(f"a fleet starts at a finite time from 0 on, got {start_s}")
@@ -311,6 +315,11 @@ class Fleet:
     def applied_events(self) -> tuple[AppliedEvent, ...]:
         """Scenario events that have taken effect so far, in order."""
         return tuple(self._applied)
+
+    @property
+    def starts(self) -> tuple[tuple[float, int], ...]:
+        """``(time, replica)`` of every engine start so far (a pod coming up), in order."""
+        return tuple(self._starts)
 
     def physics(self, arm: Arm) -> ArmPhysics:
         """Cost model, KV pool and start-up verdict of ``arm`` on this scenario's replica."""
@@ -385,6 +394,7 @@ class Fleet:
             ready_at_s=r.down_until if r.phase is Phase.DOWN else None,
             failure=r.failure,
             num_gpu_blocks=None if r.engine is None else r.engine.physics.num_gpu_blocks,
+            started_s=None if r.engine is None else r.engine.start_s,
         )
 
     def states(self) -> tuple[ReplicaState, ...]:
@@ -513,6 +523,7 @@ class Fleet:
             r.failure = r.physics.failure
             return
         r.engine = Engine(self.scenario, r.arm, r.physics, r.rng, at)
+        self._starts.append((at, r.index))
         r.phase = Phase.SERVING
         r.failure = None
         if self._pending:
