@@ -531,8 +531,9 @@ class Fleet:
             for req in waiting:
                 self._dispatch(req)
 
-    def inject(self, event: ModelVersionEvent | RouteMixEvent) -> AppliedEvent:
-        """Apply a ``model_version`` or ``route_mix`` event now, whatever its ``at_s``.
+    def inject(self, event: ModelVersionEvent | RouteMixEvent | DrafterBrokenEvent) -> AppliedEvent:
+        """Apply a ``model_version``, ``route_mix`` or ``drafter_broken`` event now, whatever
+        its ``at_s``.
 
         Server mode's ``POST /sim/events`` calls this, so a test can change the world of a
         running replica (e.g. an acceptance drop) at a moment it chooses. The event has the

@@ -465,24 +465,33 @@ def scenario_from_mapping(data: Mapping[str, Any]) -> Scenario:
     return scenario
 
 
-def injectable_event(scenario: Scenario, data: object) -> ModelVersionEvent | RouteMixEvent:
+def injectable_event(
+    scenario: Scenario, data: object
+) -> ModelVersionEvent | RouteMixEvent | DrafterBrokenEvent:
     """Validate one event to apply to a running replica (``sim serve``'s ``POST /sim/events``).
 
     ``data`` is one entry of ``events`` in the scenario format; ``at_s`` may be left out (the
-    event applies when it arrives). Only ``model_version`` and ``route_mix`` can be injected:
-    the load profile is drawn into the arrival stream at start-up. Drafter and route names
+    event applies when it arrives). Only ``model_version``, ``route_mix`` and
+    ``drafter_broken`` can be injected: the load profile is drawn into the arrival stream at
+    start-up, and a ``pod_decay`` belongs in the scenario file of the pod it decays (its
+    uptime counts from the pod's start). Drafter and route names
     are checked against ``scenario``. Raises :class:`SpecError` naming the field.
     """
     if not isinstance(data, Mapping):
         raise SpecError("event: an event is a mapping such as {kind: model_version, ...}")
     body = {"at_s": 0, **dict(data)}
     kind = body.get("kind")
-    if kind not in ("model_version", "route_mix"):
+    models: dict[object, type[ModelVersionEvent | RouteMixEvent | DrafterBrokenEvent]] = {
+        "model_version": ModelVersionEvent,
+        "route_mix": RouteMixEvent,
+        "drafter_broken": DrafterBrokenEvent,
+    }
+    model = models.get(kind)
+    if model is None:
         raise SpecError(
             f"event.kind: {kind!r} cannot be injected into a running replica; "
-            "use model_version or route_mix"
+            "use model_version, route_mix or drafter_broken"
         )
-    model = ModelVersionEvent if kind == "model_version" else RouteMixEvent
     try:
         event = model.model_validate(body)
     except ValidationError as exc:

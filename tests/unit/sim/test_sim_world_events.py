@@ -17,6 +17,7 @@ from spectune.errors import SpecError
 from spectune.metrics import parse_page
 from spectune.search.arms import Arm
 from spectune.sim import Fleet, Scenario
+from spectune.sim.scenario import injectable_event
 
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
@@ -127,6 +128,20 @@ def test_a_new_model_version_repairs_a_broken_drafter_and_other_drafters_never_b
     assert "repaired eagle3" in fleet.applied_events[-1].detail
     ngram = Fleet(scenario, arms=Arm("ngram", 3))
     assert _acceptance(ngram, 0, 700.0, 1200.0) > 0.1
+
+
+def test_a_drafter_broken_event_posted_to_a_running_pod_stops_its_acceptance(
+    make_scenario: Callable[..., Scenario],
+) -> None:
+    """``sim serve``'s ``POST /sim/events`` path."""
+    scenario = make_scenario(duration_s=3600, load=[{"at_s": 0, "requests_per_s": 2.0}])
+    fleet = Fleet(scenario, arms=Arm("eagle3", 3), replicas=1)
+    before = _acceptance(fleet, 0, 60.0, 600.0)
+    applied = fleet.inject(
+        injectable_event(scenario, {"kind": "drafter_broken", "drafter": "eagle3"})
+    )
+    assert applied.at_s == 600.0 and applied.kind == "drafter_broken"
+    assert before > 0.4 and _acceptance(fleet, 0, 700.0, 1000.0) == 0.0
 
 
 def test_scenarios_without_the_new_events_run_as_before(
