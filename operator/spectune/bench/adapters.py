@@ -19,7 +19,11 @@ hands the controller its three faces. The brain sees only what a cluster would s
   one :class:`~spectune.metrics.Observation` per group with
   :func:`~spectune.metrics.observation_from_pages` — the path a real pod takes. Pods are
   named ``replica-<i>-<generation>`` (a restart is a new pod, as in Kubernetes), and a
-  draining replica is not scraped (its pod is terminating).
+  draining replica is not scraped (its pod is terminating). Each pod's counts carry its
+  engine's start, as the operator's ``k8s/pods.py`` gives them the pod's ``startTime``:
+  what per-pod decay compares pods by.
+* :class:`SimPods` is the Pods port (``retune.drift.podAction: restartPod``): deleting a
+  target pod restarts its replica on the arm it runs (a ReplicaSet replaces the pod).
 * :class:`VirtualClock` is simulated time: sleeping advances the fleet.
 
 :class:`SimStage` is the one place simulated time moves, so the rollout progresses whoever
@@ -29,6 +33,7 @@ advances the clock. It never advances past ``end_s``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from spectune.control.placement import choose_placement
 from spectune.control.ports import Deployment, Group, Placement
@@ -38,7 +43,7 @@ from spectune.search.arms import Arm
 from spectune.sim.fleet import Fleet, Phase, ReplicaState
 from spectune.sim.scenario import ModelVersionEvent, RouteMixEvent
 
-__all__ = ["SimActuator", "SimGroupMetrics", "SimStage", "VirtualClock"]
+__all__ = ["SimActuator", "SimGroupMetrics", "SimPods", "SimStage", "VirtualClock"]
 
 #: While a rolled replica drains (its end time is unknown), time moves in steps this long.
 DRAIN_POLL_S = 1.0
@@ -141,6 +146,10 @@ class SimStage:
             self._configured[i] = arm
             self._generation[i] += 1
         return result.failure
+
+    def restart(self, i: int) -> None:
+        """Replace replica ``i``'s pod with a new one on the arm it is configured with."""
+        self._apply(self._configured[i], [i])
 
     # --- canary -------------------------------------------------------------------------
 
@@ -485,7 +494,44 @@ class SimGroupMetrics:
             if not ends:
                 continue
             starts = [snap for pod, (g, snap) in before.items() if g is group and pod in ends]
-            out[group] = observation_from_pages(
+            obs = observation_from_pages(
                 starts, list(ends.values()), window_s=elapsed, failed_pods=failed.get(group)
             )
+            out[group] = self._with_starts(obs)
         return out
+
+    def _with_starts(self, obs: Observation) -> Observation:
+        """``obs`` with each pod's start where its page had none (the pod's start time)."""
+        if not any(c.started_s is None for c in obs.per_pod.values()):
+            return obs
+        fleet = self.stage.fleet
+        started = {self.stage.pod(i): fleet.state(i).started_s for i in range(fleet.size)}
+        per_pod = {
+            name: c if c.started_s is not None else replace(c, started_s=started.get(name))
+            for name, c in obs.per_pod.items()
+        }
+        return replace(obs, per_pod=per_pod)
+
+
+class SimPods:
+    """The Pods port: the target's serving pods, and deleting one (its replica restarts)."""
+
+    def __init__(self, stage: SimStage) -> None:
+        self.stage = stage
+
+    async def ready(self) -> Sequence[str]:
+        """The target's pods that serve now."""
+        stage = self.stage
+        return [
+            stage.pod(i)
+            for i in range(stage.fleet.size)
+            if stage.role(i) is Group.INCUMBENT and stage.fleet.state(i).phase is Phase.SERVING
+        ]
+
+    async def delete(self, pod: str) -> None:
+        """Restart the replica that runs ``pod`` on its arm; an unknown pod is no error."""
+        stage = self.stage
+        for i in range(stage.fleet.size):
+            if stage.pod(i) == pod and stage.fleet.state(i).phase is Phase.SERVING:
+                stage.restart(i)
+                return

@@ -72,6 +72,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--jobs", type=int, metavar="N", help="processes for the oracle (default: CPU count)"
     )
+    p.add_argument(
+        "--pod-action",
+        choices=("alert", "restartPod"),
+        default="alert",
+        help="what a pod whose acceptance decays with its uptime gets, as "
+        "retune.drift.podAction (default alert)",
+    )
     p.add_argument("--no-cache", action="store_true", help="recompute the oracle, keep nothing")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=bench_command)
@@ -81,6 +88,7 @@ def bench_command(ns: argparse.Namespace) -> int:
     """Run the bench and print the result (JSON, or a progress display and a table)."""
     from spectune.bench.registry import check_policy_name
     from spectune.bench.runner import BenchHooks, run_bench
+    from spectune.control.controller import ControllerConfig, PodAction
     from spectune.sim.scenario import load_scenario
 
     scenario = load_scenario(Path(ns.scenario))
@@ -95,6 +103,7 @@ def bench_command(ns: argparse.Namespace) -> int:
         "placement": ns.placement,
         "use_cache": not ns.no_cache,
         "jobs": ns.jobs,
+        "controller_config": ControllerConfig(pod_action=PodAction(ns.pod_action)),
     }
     if not show:
         result = run_bench(scenario, ns.policy, **kwargs)
@@ -193,6 +202,15 @@ def _print_summary(result: BenchResult) -> None:
         totals.add_row(
             f"model change @{at:.0f}s: back within {RECOVERY_EFFICIENCY:g} of the oracle",
             "not by the phase's end" if took is None else f"after {took:.0f} s",
+        )
+    for inc in result.incidents:
+        detected = "never" if inc.detected_s is None else f"after {inc.detected_s:.0f} s"
+        recovered = (
+            "not by the end" if inc.recovered_s is None else f"after {inc.recovered_s:.0f} s"
+        )
+        totals.add_row(
+            f"{inc.kind} {inc.what} @{inc.at_s:.0f}s: reported · recovered",
+            f"{detected} · {recovered}",
         )
     totals.add_row("simulated", f"{doc['sim_seconds']} s")
     totals.add_row("wall", f"{doc['wall_seconds']} s")

@@ -30,6 +30,13 @@ Definitions (phases, objective values, efficiency ratios and guardrail breaches 
 * ``recoveries`` (beside the contract's object, in the bench's tables): for each
   ``model_version`` event, the seconds until the target stays within 0.95 of the new
   phase's oracle (``bench/scoring.py``).
+* ``incidents`` (beside the contract's object, in the bench's tables): for each
+  ``drafter_broken`` and ``pod_decay`` event, the seconds until the operator reported it
+  (``detected_s``: its first ``DrafterBroken`` or ``AcceptanceDrift`` event for a broken
+  drafter, ``PodAcceptanceDecay`` for a decaying pod) and until it recovered
+  (``recovered_s``: for a broken drafter, as ``recoveries`` — the target back within 0.95
+  of the new phase's oracle; for a decaying pod, a new pod serving in its replica slot, by a
+  rollout or by ``podAction: restartPod``); None when it did not by the run's end.
 * ``regret`` (beside the contract's object): the time-integrated loss against the phase
   oracles, window by window (``bench/regret.py``).
 * ``worse_than_initial_s`` and ``rollbacks`` (beside the contract's object, in the bench's
@@ -56,7 +63,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from spectune.bench.adapters import SimActuator, SimGroupMetrics, SimStage, VirtualClock
+from spectune.bench.adapters import (
+    SimActuator,
+    SimGroupMetrics,
+    SimPods,
+    SimStage,
+    VirtualClock,
+)
 from spectune.bench.oracle import ArmRun, Oracle
 from spectune.bench.registry import PolicyRequest, check_policy_name, make_policy
 from spectune.bench.regret import regret_curve
@@ -79,9 +92,22 @@ from spectune.search.history import History
 from spectune.search.objective import Guardrails, Metric, Objective
 from spectune.search.policy import Policy, SearchSpace
 from spectune.sim.fleet import Fleet
-from spectune.sim.scenario import ModelVersionEvent, Scenario
+from spectune.sim.scenario import DrafterBrokenEvent, ModelVersionEvent, PodDecayEvent, Scenario
 
-__all__ = ["BenchHooks", "BenchResult", "PhaseResult", "bench_objective", "run_bench"]
+__all__ = [
+    "BenchHooks",
+    "BenchResult",
+    "Incident",
+    "PhaseResult",
+    "bench_objective",
+    "run_bench",
+]
+
+#: The controller events that report each incident kind (the first one after it counts).
+DETECTED_BY = {
+    "drafter_broken": ("DrafterBroken", "AcceptanceDrift"),
+    "pod_decay": ("PodAcceptanceDecay",),
+}
 
 #: Steps in a row that leave the clock where it was before the runner waits out a poll.
 _MAX_STALLS = 3
@@ -98,6 +124,21 @@ class PhaseResult:
     chosen_arm: str
     chosen_value: float
     efficiency: float
+
+
+@dataclass(frozen=True)
+class Incident:
+    """A scenario event that breaks the drafter, and how the operator met it."""
+
+    at_s: float
+    kind: str
+    """``drafter_broken`` or ``pod_decay``."""
+    what: str
+    """The drafter, or the pod (replica slot) and drafter, for tables."""
+    detected_s: float | None
+    """Seconds from the event to the operator's first report of it; None: never."""
+    recovered_s: float | None
+    """Seconds from the event until it recovered (module docstring); None: not by the end."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +163,9 @@ class BenchResult:
     recoveries: tuple[tuple[float, float | None], ...] = ()
     """``(event time, recovery seconds or None)`` for each ``model_version`` event
     (``bench/scoring.py``); not a field of the contract's object."""
+    incidents: tuple[Incident, ...] = ()
+    """Time to detect and to recover per ``drafter_broken`` / ``pod_decay`` event; not a
+    field of the contract's object."""
     worse_than_initial_s: float = 0.0
     """Seconds served worse than the initial arm after the first promotion
     (``bench/scoring.py``); not a field of the contract's object."""
@@ -233,19 +277,56 @@ def _recoveries(
     metric: Metric,
 ) -> tuple[tuple[float, float | None], ...]:
     """``(event time, seconds until back within 0.95, or None)`` per model change."""
+    return tuple(
+        (float(ev.at_s), _recovery(float(ev.at_s), phases, phase_best, served, oracle, metric))
+        for ev in scenario.events
+        if isinstance(ev, ModelVersionEvent) and 0.0 < ev.at_s < float(scenario.duration_s)
+    )
+
+
+def _recovery(
+    at_s: float,
+    phases: list[tuple[float, float]],
+    phase_best: list[tuple[str, float]],
+    served: list[tuple[float, str]],
+    oracle: Oracle,
+    metric: Metric,
+) -> float | None:
+    """Seconds until the target serves within 0.95 of the oracle of the phase at ``at_s``."""
+    p = next(i for i, (a, _) in enumerate(phases) if a == at_s)
+    (start, end), best = phases[p], phase_best[p][1]
+    efficiency = {
+        arm: efficiency_ratio(
+            best, metric_value(oracle.run(arm).requests, metric, start, end), metric.minimise
+        )
+        for arm in {arm for _, arm in served}
+    }
+    return recovery_seconds(start, end, served, efficiency)
+
+
+def _incidents(
+    scenario: Scenario,
+    events: list[Event],
+    starts: tuple[tuple[float, int], ...],
+    recovery: Callable[[float], float | None],
+) -> tuple[Incident, ...]:
+    """Time to detect and to recover for each ``drafter_broken`` and ``pod_decay`` event."""
     out = []
+    end = float(scenario.duration_s)
     for ev in scenario.events:
-        if not isinstance(ev, ModelVersionEvent) or not 0.0 < ev.at_s < float(scenario.duration_s):
+        if not isinstance(ev, DrafterBrokenEvent | PodDecayEvent) or not ev.at_s < end:
             continue
-        p = next(i for i, (a, _) in enumerate(phases) if a == float(ev.at_s))
-        (start, end), best = phases[p], phase_best[p][1]
-        efficiency = {
-            arm: efficiency_ratio(
-                best, metric_value(oracle.run(arm).requests, metric, start, end), metric.minimise
-            )
-            for arm in {arm for _, arm in served}
-        }
-        out.append((start, recovery_seconds(start, end, served, efficiency)))
+        at = float(ev.at_s)
+        reports = DETECTED_BY[ev.kind]
+        detected = next((e.at_s - at for e in events if e.at_s >= at and e.reason in reports), None)
+        if isinstance(ev, DrafterBrokenEvent):
+            what = ev.drafter
+            recovered = recovery(at)
+        else:
+            what = f"pod {ev.pod}" + (f" {ev.drafter}" if ev.drafter is not None else "")
+            # the decayed pod is replaced: a new engine serves in its slot after the event
+            recovered = next((t - at for t, i in starts if i == ev.pod and t > at), None)
+        out.append(Incident(at, ev.kind, what, detected, recovered))
     return tuple(out)
 
 
@@ -287,6 +368,7 @@ def sim_controller(
         objective=bench_objective(scenario),
         config=replace(controller_config or ControllerConfig(), window_s=window_s, seed=seed),
         on_event=on_event,
+        pods=SimPods(stage),
     )
     return controller, stage, clock
 
@@ -432,6 +514,12 @@ def run_bench(
         best_static_value=best_value,
         promotions=tuple(stage.timeline[1:]),
         recoveries=recoveries,
+        incidents=_incidents(
+            scenario,
+            events,
+            fleet.starts,
+            lambda at: _recovery(at, phases, phase_best, stage.served, oracle, metric),
+        ),
         worse_than_initial_s=worse,
         rollbacks=sum(1 for e in events if e.reason == "RolledBack"),
         placement=stage.placement.value,

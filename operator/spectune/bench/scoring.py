@@ -5,9 +5,9 @@ own finished requests and on the oracle's (``bench/oracle.py``); nothing here si
 Definitions (the bench JSON's fields):
 
 * **Phase**: the span between consecutive distinct scenario ``events`` times (every kind:
-  ``model_version``, ``route_mix``, ``load``) strictly inside ``(0, duration_s)``; a
-  scenario without events has one phase ``[0, duration_s)``. Requests belong to the span
-  they *finish* in.
+  ``model_version``, ``route_mix``, ``load``, ``pod_decay``, ``drafter_broken``) strictly
+  inside ``(0, duration_s)``; a scenario without events has one phase ``[0, duration_s)``.
+  Requests belong to the span they *finish* in.
 * **Objective value** of a span, from the finished requests: ``tpotP95`` / ``ttftP95`` /
   ``e2eP95`` are the 95th percentiles (linear interpolation, NaN TPOTs of one-token outputs
   left out) of the requests' TPOT / TTFT / end-to-end latency in seconds;

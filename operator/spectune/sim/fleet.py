@@ -12,7 +12,10 @@ on a real cluster:
 * :meth:`Fleet.records` are the finished requests, for computing objectives over any span
   (the bench's oracle and efficiency; never shown to a policy).
 
-Replicas that restart get a fresh engine, so their counters reset as a real pod's do.
+Replicas that restart get a fresh engine, so their counters reset as a real pod's do, and
+their uptime with it: a ``pod_decay`` event's decay counts from the pod's start, so a
+replaced pod accepts as well as it did before the decay. A ``drafter_broken`` drafter stays
+broken across restarts (the checkpoint is what is broken) until a ``model_version`` event.
 Requests that arrive while no replica serves wait at the balancer (as a client retrying)
 and count that wait as queue time.
 """
@@ -32,8 +35,11 @@ from spectune.sim.engine import Engine
 from spectune.sim.exposition import render_page
 from spectune.sim.physics import ArmPhysics, arm_physics, slowed
 from spectune.sim.scenario import (
+    DrafterBrokenEvent,
+    Event,
     LoadEvent,
     ModelVersionEvent,
+    PodDecayEvent,
     RouteMixEvent,
     Scenario,
 )
@@ -78,6 +84,9 @@ class ReplicaState:
     """Why the arm could not start (vLLM's start-up message), for a failed replica."""
     num_gpu_blocks: int | None
     """KV blocks of the running engine (``None`` when no engine runs)."""
+    started_s: float | None = None
+    """When the running engine started, simulated seconds (the pod's start; ``None`` when
+    no engine runs)."""
 
 
 @dataclass(frozen=True)
@@ -269,9 +278,12 @@ class Fleet:
         self._retired = FleetTotals(0, 0, 0, 0, 0, 0)
         self._version = INITIAL_VERSION
         self._scale: dict[str, float] = {}
+        self._broken: set[str] = set()  # drafter_broken drafters, until a model_version
+        self._decay: dict[int, list[PodDecayEvent]] = {}  # pod_decay events by replica slot
         self._events = sorted(enumerate(scenario.events), key=lambda pair: (pair[1].at_s, pair[0]))
         self._next_event = 0
         self._applied: list[AppliedEvent] = []
+        self._starts: list[tuple[float, int]] = []
         self._route_names = [r.name for r in scenario.routes]
         if start_s < 0 or math.isinf(start_s):
             raise SpecError(f"a fleet starts at a finite time from 0 on, got {start_s}")
@@ -303,6 +315,11 @@ class Fleet:
     def applied_events(self) -> tuple[AppliedEvent, ...]:
         """Scenario events that have taken effect so far, in order."""
         return tuple(self._applied)
+
+    @property
+    def starts(self) -> tuple[tuple[float, int], ...]:
+        """``(time, replica)`` of every engine start so far (a pod coming up), in order."""
+        return tuple(self._starts)
 
     def physics(self, arm: Arm) -> ArmPhysics:
         """Cost model, KV pool and start-up verdict of ``arm`` on this scenario's replica."""
@@ -377,6 +394,7 @@ class Fleet:
             ready_at_s=r.down_until if r.phase is Phase.DOWN else None,
             failure=r.failure,
             num_gpu_blocks=None if r.engine is None else r.engine.physics.num_gpu_blocks,
+            started_s=None if r.engine is None else r.engine.start_s,
         )
 
     def states(self) -> tuple[ReplicaState, ...]:
@@ -505,6 +523,7 @@ class Fleet:
             r.failure = r.physics.failure
             return
         r.engine = Engine(self.scenario, r.arm, r.physics, r.rng, at)
+        self._starts.append((at, r.index))
         r.phase = Phase.SERVING
         r.failure = None
         if self._pending:
@@ -512,8 +531,9 @@ class Fleet:
             for req in waiting:
                 self._dispatch(req)
 
-    def inject(self, event: ModelVersionEvent | RouteMixEvent) -> AppliedEvent:
-        """Apply a ``model_version`` or ``route_mix`` event now, whatever its ``at_s``.
+    def inject(self, event: ModelVersionEvent | RouteMixEvent | DrafterBrokenEvent) -> AppliedEvent:
+        """Apply a ``model_version``, ``route_mix`` or ``drafter_broken`` event now, whatever
+        its ``at_s``.
 
         Server mode's ``POST /sim/events`` calls this, so a test can change the world of a
         running replica (e.g. an acceptance drop) at a moment it chooses. The event has the
@@ -528,8 +548,27 @@ class Fleet:
             self._version = ev.version
             self._scale = dict(ev.acceptance_scale)
             scales = ", ".join(f"{k}×{v:g}" for k, v in ev.acceptance_scale.items())
+            detail = f"version {ev.version}; acceptance {scales}"
+            if self._broken:
+                # a new release replaces the broken draft checkpoint
+                detail += "; repaired " + ", ".join(sorted(self._broken))
+                self._broken.clear()
+            self._applied.append(AppliedEvent(ev.at_s, ev.kind, detail))
+        elif isinstance(ev, PodDecayEvent):
+            self._decay.setdefault(ev.pod, []).append(ev)
+            which = ev.drafter if ev.drafter is not None else "every drafter"
             self._applied.append(
-                AppliedEvent(ev.at_s, ev.kind, f"version {ev.version}; acceptance {scales}")
+                AppliedEvent(
+                    ev.at_s,
+                    ev.kind,
+                    f"pod {ev.pod}: {which} acceptance ×{ev.acceptance_per_hour:g} per hour "
+                    f"of uptime (floor {ev.floor:g})",
+                )
+            )
+        elif isinstance(ev, DrafterBrokenEvent):
+            self._broken.add(ev.drafter)
+            self._applied.append(
+                AppliedEvent(ev.at_s, ev.kind, f"{ev.drafter} accepts nothing on every pod")
             )
         elif isinstance(ev, RouteMixEvent):
             self._traffic.set_shares(ev.shares)
@@ -540,7 +579,7 @@ class Fleet:
                 AppliedEvent(ev.at_s, ev.kind, f"{ev.requests_per_s:g} requests/s")
             )
 
-    def _upcoming_event(self) -> ModelVersionEvent | RouteMixEvent | LoadEvent | None:
+    def _upcoming_event(self) -> Event | None:
         """The scenario's next event not yet applied (None after the last)."""
         if self._next_event < len(self._events):
             return self._events[self._next_event][1]
@@ -581,7 +620,22 @@ class Fleet:
                     chosen, best = cand, load
         self._rr += 1
         assert chosen.engine is not None
-        chosen.engine.enqueue(req, self._scale)
+        chosen.engine.enqueue(req, self._scale_of(chosen, chosen.engine))
+
+    def _scale_of(self, r: _Replica, engine: Engine) -> dict[str, float]:
+        """The acceptance scale a request admitted now on replica ``r`` draws with: the
+        model version's, times any ``pod_decay`` of the pod and 0 for a broken drafter."""
+        drafter = engine.arm.drafter
+        if drafter is None or not (self._broken or self._decay):
+            return self._scale  # the same object: scenarios without these events draw alike
+        factor = 0.0 if drafter in self._broken else 1.0
+        now = max(self._now, engine.start_s)
+        for ev in self._decay.get(r.index, ()):
+            if ev.drafter is None or ev.drafter == drafter:
+                factor *= ev.factor(now - max(ev.at_s, engine.start_s))
+        if factor == 1.0:
+            return self._scale
+        return {**self._scale, drafter: self._scale.get(drafter, 1.0) * factor}
 
     def _collect(self, r: _Replica, engine: Engine) -> None:
         arm = engine.arm.name

@@ -174,6 +174,12 @@ class EventPrior(_Model):
     model_version: Annotated[float, Field(ge=0, le=1)] = 0.0
     acceptance_scale: Span = Span(low=0.6, high=1.1)
     route_mix: Annotated[float, Field(ge=0, le=1)] = 0.0
+    drafter_broken: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Chance of a ``drafter_broken`` event (one of the world's drafters stops accepting)."""
+    pod_decay: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Chance of a ``pod_decay`` event on one pod, at ``acceptance_per_hour`` drawn from
+    ``pod_decay_per_hour``."""
+    pod_decay_per_hour: Span = Span(low=0.5, high=0.9)
 
 
 class RealismPrior(_Model):
@@ -432,6 +438,9 @@ def _draw(family: Family, name: str, rng: Rng) -> tuple[dict[str, Any], dict[str
             replicas = max(replicas // 2, 1)
             scenario["fleet"]["replicas"] = replicas
             _scale_rates(scenario, shrink)
+            for ev in scenario["events"]:
+                if ev["kind"] == "pod_decay":  # the decaying pod stays one of the fleet's
+                    ev["pod"] = min(int(ev["pod"]), replicas - 1)
         offered = _offered(scenario["load"], scenario["events"], duration)
     if offered > family.max_requests:
         raise _Reject(
@@ -729,6 +738,20 @@ def _world_events(
                 "shares": {r: round(float(s), 3) for r, s in zip(routes, shares, strict=True)},
             }
         )
+    # Drawn only when the family asks for them, so families without them draw as before.
+    if (
+        drafters
+        and family.events.drafter_broken > 0
+        and rng.uniform() < family.events.drafter_broken
+    ):
+        at = round(float(rng.uniform(0.4, 0.7)) * duration)
+        broken = drafters[int(rng.integers(len(drafters)))]
+        out.append({"at_s": at, "kind": "drafter_broken", "drafter": broken})
+    if drafters and family.events.pod_decay > 0 and rng.uniform() < family.events.pod_decay:
+        at = round(float(rng.uniform(0.1, 0.4)) * duration)
+        pod = int(rng.integers(int(scenario["fleet"]["replicas"])))
+        rate = round(family.events.pod_decay_per_hour.draw(rng), 3)
+        out.append({"at_s": at, "kind": "pod_decay", "pod": pod, "acceptance_per_hour": rate})
     return out
 
 

@@ -33,6 +33,7 @@ from spectune.search.arms import Arm
 __all__ = [
     "Acceptance",
     "Drafter",
+    "DrafterBrokenEvent",
     "Event",
     "FixedTokens",
     "FleetSpec",
@@ -43,6 +44,7 @@ __all__ = [
     "LogNormalTokens",
     "ModelVersionEvent",
     "Objective",
+    "PodDecayEvent",
     "Route",
     "RouteMixEvent",
     "Scenario",
@@ -264,7 +266,48 @@ class LoadEvent(_Model):
     over_s: Pos | None = None
 
 
-Event = Annotated[ModelVersionEvent | RouteMixEvent | LoadEvent, Field(discriminator="kind")]
+class PodDecayEvent(_Model):
+    """One pod's acceptance decays with its uptime; a restarted pod starts fresh.
+
+    From ``at_s`` on, replica slot ``pod`` scales ``drafter``'s alpha (every drafter's when
+    ``drafter`` is absent) by ``acceptance_per_hour ** h``, ``h`` the hours the pod has run
+    since the later of ``at_s`` and its engine's start, never below ``floor``. A restart of
+    the slot (a rollout, a deleted pod replaced) resets ``h`` to 0, and the new pod decays
+    again from there: stale draft state that builds up while a pod runs (vLLM #41838,
+    SGLang #28771). Like ``model_version``, it applies to requests admitted from then on.
+    """
+
+    at_s: NonNeg
+    kind: Literal["pod_decay"]
+    pod: Annotated[int, Field(ge=0)]
+    acceptance_per_hour: Annotated[float, Field(gt=0, le=1)]
+    drafter: str | None = None
+    floor: Annotated[float, Field(ge=0, le=1)] = 0.0
+
+    def factor(self, uptime_s: float) -> float:
+        """The multiplier on alpha after ``uptime_s`` seconds counted from this event."""
+        hours = max(uptime_s, 0.0) / 3600.0
+        return max(self.floor, float(self.acceptance_per_hour**hours))
+
+
+class DrafterBrokenEvent(_Model):
+    """A drafter stops accepting: a wrong or corrupt draft checkpoint shipped.
+
+    From ``at_s`` on, ``drafter`` accepts nothing on every pod (its alpha is 0), for
+    requests admitted from then on. The checkpoint is what is broken, so a restarted pod
+    loads it again and stays broken; the next ``model_version`` event (a new release of
+    the checkpoints) repairs it. Arms of other drafters, and ``off``, are unaffected.
+    """
+
+    at_s: NonNeg
+    kind: Literal["drafter_broken"]
+    drafter: str
+
+
+Event = Annotated[
+    ModelVersionEvent | RouteMixEvent | LoadEvent | PodDecayEvent | DrafterBrokenEvent,
+    Field(discriminator="kind"),
+]
 
 
 class Guardrails(_Model):
@@ -422,24 +465,33 @@ def scenario_from_mapping(data: Mapping[str, Any]) -> Scenario:
     return scenario
 
 
-def injectable_event(scenario: Scenario, data: object) -> ModelVersionEvent | RouteMixEvent:
+def injectable_event(
+    scenario: Scenario, data: object
+) -> ModelVersionEvent | RouteMixEvent | DrafterBrokenEvent:
     """Validate one event to apply to a running replica (``sim serve``'s ``POST /sim/events``).
 
     ``data`` is one entry of ``events`` in the scenario format; ``at_s`` may be left out (the
-    event applies when it arrives). Only ``model_version`` and ``route_mix`` can be injected:
-    the load profile is drawn into the arrival stream at start-up. Drafter and route names
+    event applies when it arrives). Only ``model_version``, ``route_mix`` and
+    ``drafter_broken`` can be injected: the load profile is drawn into the arrival stream at
+    start-up, and a ``pod_decay`` belongs in the scenario file of the pod it decays (its
+    uptime counts from the pod's start). Drafter and route names
     are checked against ``scenario``. Raises :class:`SpecError` naming the field.
     """
     if not isinstance(data, Mapping):
         raise SpecError("event: an event is a mapping such as {kind: model_version, ...}")
     body = {"at_s": 0, **dict(data)}
     kind = body.get("kind")
-    if kind not in ("model_version", "route_mix"):
+    models: dict[object, type[ModelVersionEvent | RouteMixEvent | DrafterBrokenEvent]] = {
+        "model_version": ModelVersionEvent,
+        "route_mix": RouteMixEvent,
+        "drafter_broken": DrafterBrokenEvent,
+    }
+    model = models.get(kind)
+    if model is None:
         raise SpecError(
             f"event.kind: {kind!r} cannot be injected into a running replica; "
-            "use model_version or route_mix"
+            "use model_version, route_mix or drafter_broken"
         )
-    model = ModelVersionEvent if kind == "model_version" else RouteMixEvent
     try:
         event = model.model_validate(body)
     except ValidationError as exc:
@@ -537,7 +589,7 @@ def _describe(exc: ValidationError, data: Mapping[str, Any]) -> str:
 
 
 _DIST_TAGS = frozenset({"lognormal", "fixed", "uniform"})
-_EVENT_TAGS = frozenset({"model_version", "route_mix", "load"})
+_EVENT_TAGS = frozenset({"model_version", "route_mix", "load", "pod_decay", "drafter_broken"})
 
 
 def _strip_union_tags(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
@@ -658,6 +710,15 @@ def _cross_check(s: Scenario) -> list[str]:
                         f"{where}.shares.{key}: unknown route {key!r}; routes are: "
                         + ", ".join(route_names)
                     )
+        elif isinstance(ev, PodDecayEvent | DrafterBrokenEvent):
+            if ev.drafter is not None and ev.drafter not in names:
+                problems.append(
+                    f"{where}.drafter: unknown drafter {ev.drafter!r}; drafters are: {valid}"
+                )
+            if isinstance(ev, PodDecayEvent) and ev.pod >= s.fleet.replicas:
+                problems.append(
+                    f"{where}.pod: no pod {ev.pod}; the fleet's pods are 0..{s.fleet.replicas - 1}"
+                )
         elif (ev.ramp_to is None) != (ev.over_s is None):
             problems.append(f"{where}: ramp_to and over_s go together")
     return problems

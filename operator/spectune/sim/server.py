@@ -13,8 +13,10 @@ and ``POST /sim/events``, which applies one scenario event to the running replic
 a JSON object in the scenario format's ``events`` terms without ``at_s``, e.g.
 ``{"kind": "model_version", "version": "v1", "acceptance_scale": {"eagle3": 0.5}}`` (an
 acceptance drop; the scale is relative to the file's alphas and replaces an earlier one)
-or ``{"kind": "route_mix", "shares": {"chat": 0.3}}``. A bad event is answered 400 with the
-field named; nothing changes.
+or ``{"kind": "route_mix", "shares": {"chat": 0.3}}``, or ``{"kind": "drafter_broken",
+"drafter": "eagle3"}`` (the drafter accepts nothing on this pod until a ``model_version``;
+each pod is its own process, so a fleet-wide breakage is posted to every pod). A bad event
+is answered 400 with the field named; nothing changes.
 """
 
 from __future__ import annotations

@@ -112,3 +112,26 @@ def test_the_registry_lists_and_accepts_new_policies(monkeypatch: pytest.MonkeyP
     check_policy_name("grid-copy")
     with pytest.raises(SpecError, match=r"valid policies: .*grid-copy"):
         check_policy_name("grid-copy2")
+
+
+def test_pod_action_reaches_the_controller(
+    scenario_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    from spectune.bench import runner
+    from spectune.control.controller import PodAction
+
+    seen: dict[str, object] = {}
+
+    def fake(scenario: object, policy: str, **kwargs: object) -> object:
+        seen.update(kwargs)
+        raise SpecError("stop here")
+
+    monkeypatch.setattr(runner, "run_bench", fake)
+    args = ["--scenario", str(scenario_file), "--policy", "static:off", "--json"]
+    assert command.main([*args, "--pod-action", "restartPod"]) == 3
+    config = seen["controller_config"]
+    assert getattr(config, "pod_action", None) is PodAction.RESTART_POD
+    with pytest.raises(SystemExit) as bad:
+        command.main([*args, "--pod-action", "reboot"])
+    assert bad.value.code == 2
+    assert "--pod-action: invalid choice: 'reboot'" in capsys.readouterr().err

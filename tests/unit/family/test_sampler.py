@@ -150,3 +150,14 @@ def test_realism_knobs_are_drawn_when_the_family_turns_them_on() -> None:
         assert 15 <= s.fleet.scrape_offset_s <= 30
         assert b.regime["realism"] == "speed_spread+cuda_graphs+two_population+scrape_offsets"
         assert "realism" not in a.regime
+
+
+def test_a_family_can_draw_broken_drafters_and_decaying_pods() -> None:
+    raw = _raw()
+    raw["events"] = {**raw["events"], "drafter_broken": 1.0, "pod_decay": 1.0}
+    sampling = sample_worlds(Family.model_validate(raw), 5, 6)
+    for w in sampling.worlds:
+        s = scenario_from_mapping(w.scenario)
+        kinds = [e.kind for e in s.events]
+        assert "drafter_broken" in kinds and "pod_decay" in kinds, w.name
+        assert "drafter_broken" in w.regime["events"] and "pod_decay" in w.regime["events"]

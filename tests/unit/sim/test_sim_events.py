@@ -60,6 +60,14 @@ def test_an_injected_acceptance_drop_shows_in_the_counters(
             "event.acceptance_scale.medusa: unknown drafter 'medusa'",
         ),
         ({"kind": "route_mix", "shares": {"code": 1}}, "event.shares.code: unknown route 'code'"),
+        (
+            {"kind": "drafter_broken", "drafter": "eagel3"},
+            "event.drafter: unknown drafter 'eagel3'",
+        ),
+        (
+            {"kind": "pod_decay", "pod": 0, "acceptance_per_hour": 0.9},
+            "event.kind: 'pod_decay' cannot be injected",
+        ),
     ],
 )
 def test_a_bad_event_is_refused_naming_the_field(
