@@ -220,10 +220,20 @@ alive() {  # alive PID NAME: true if PID runs and is the binary we started (guar
   [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]
 }
 
+starting() {  # starting PID: a fork of this script that has not exec'd its binary yet
+  # (`start` forks, then the child execs; on a loaded machine a check can land between the
+  # two, while /proc/PID is still a copy of this shell, with this script's command line).
+  local pid=$1
+  [ -d "/proc/$pid" ] || return 1
+  [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 1
+  cmp -s "/proc/$pid/cmdline" "/proc/$$/cmdline"
+}
+
 check_alive() {  # fail loudly with the component's log if it died
   local pid name
   while read -r pid name; do
     alive "$pid" "$name" && continue
+    starting "$pid" && continue
     tail -n 30 "$WORK/logs/$name.log" >&2 || true
     die "$name (pid $pid) exited during startup; log: $WORK/logs/$name.log"
   done <"$WORK/pids"
