@@ -11,58 +11,31 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from spectune.errors import QueryRejectedError, SourceUnavailableError, UnauthorizedError
 from spectune.metrics import PrometheusSource
+from tests.fixtures.recording import RecordingServer
 
 SECRET = "db-password-hunter2"
 AUTH = {"Authorization": "Bearer tok-xyz"}
 
 
-class _Server:
-    """One loopback server answering ``(status, headers, body)`` and recording requests."""
-
-    def __init__(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        seen: list[dict[str, str]] = []
-        self.seen = seen
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                seen.append(dict(self.headers))
-                self.send_response(status)
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+Serve = Callable[..., RecordingServer]
 
 
 @pytest.fixture
-def serve() -> Iterator[type[_Server]]:
-    made: list[_Server] = []
+def serve() -> Iterator[Serve]:
+    """Loopback servers answering ``(status, body, headers)``; closed after the test."""
+    made: list[RecordingServer] = []
 
-    class Made(_Server):
-        def __init__(self, *a: object, **k: object) -> None:
-            super().__init__(*a, **k)  # type: ignore[arg-type]
-            made.append(self)
+    def make(status: int, body: bytes, headers: dict[str, str] | None = None) -> RecordingServer:
+        made.append(RecordingServer(body, status, headers or {}))
+        return made[-1]
 
-    yield Made
+    yield make
     for s in made:
         s.close()
 
@@ -86,16 +59,16 @@ def _query(url: str) -> BaseException:
     ],
 )  # fmt: skip
 def test_each_answer_is_its_own_error_and_repeats_nothing_of_the_body(
-    serve: type[_Server], status: int, body: bytes, error: type[Exception]
+    serve: Serve, status: int, body: bytes, error: type[Exception]
 ) -> None:
     server = serve(status, body)
     exc = _query(server.url)
     assert type(exc) is error, exc
     assert SECRET not in str(exc), exc
-    assert server.seen and server.seen[0].get("Authorization") == AUTH["Authorization"]
+    assert server.seen and server.seen[0][0].get("Authorization") == AUTH["Authorization"]
 
 
-def test_a_redirect_is_not_followed_so_credentials_go_nowhere_else(serve: type[_Server]) -> None:
+def test_a_redirect_is_not_followed_so_credentials_go_nowhere_else(serve: Serve) -> None:
     elsewhere = serve(200, b'{"status":"success","data":{"resultType":"vector","result":[]}}')
     front = serve(302, b"", {"Location": f"{elsewhere.url}/api/v1/query?query=x"})
     exc = _query(front.url)
@@ -103,7 +76,7 @@ def test_a_redirect_is_not_followed_so_credentials_go_nowhere_else(serve: type[_
     assert front.seen and not elsewhere.seen, elsewhere.seen
 
 
-def test_the_cli_quotes_prometheus_own_error_text_on_one_line(serve: type[_Server]) -> None:
+def test_the_cli_quotes_prometheus_own_error_text_on_one_line(serve: Serve) -> None:
     """The CLI's user chose the URL and reads their own terminal: Prometheus' `error`
     field is quoted there (and only there), on one line."""
     body = b'{"status":"error","errorType":"bad_data","error":"parse error: bad regex\\nline2"}'
