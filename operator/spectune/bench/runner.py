@@ -100,6 +100,7 @@ __all__ = [
     "Incident",
     "PhaseResult",
     "bench_objective",
+    "drive",
     "run_bench",
 ]
 
@@ -373,6 +374,38 @@ def sim_controller(
     return controller, stage, clock
 
 
+def drive(
+    controller: Controller,
+    clock: VirtualClock,
+    duration: float,
+    *,
+    on_step: Callable[[float, float], None] | None = None,
+) -> None:
+    """Step ``controller`` until ``clock`` reaches ``duration`` seconds.
+
+    A policy with ``continuous = True`` is put back into ``Exploring`` after each
+    promotion (module docstring). Steps that leave the clock where it was are not a
+    deadlock of virtual time: after ``_MAX_STALLS`` of them the loop waits out a poll.
+    """
+    continuous = bool(getattr(controller.policy, "continuous", False))
+
+    async def run() -> None:
+        stalls = 0
+        while clock.now() < duration:
+            before = clock.now()
+            await controller.step()
+            if continuous and controller.state.phase is LoopPhase.MONITORING:
+                controller.state = replace(controller.state, phase=LoopPhase.EXPLORING)
+            stalls = stalls + 1 if clock.now() <= before else 0
+            if stalls >= _MAX_STALLS:
+                await clock.sleep(controller.config.poll_s)
+                stalls = 0
+            if on_step is not None:
+                on_step(clock.now(), duration)
+
+    asyncio.run(run())
+
+
 def run_bench(
     scenario: Scenario,
     policy: str,
@@ -448,23 +481,7 @@ def run_bench(
         placement=placement,
     )
     fleet = stage.fleet
-    continuous = bool(getattr(chosen_policy, "continuous", False))
-
-    async def drive() -> None:
-        stalls = 0
-        while clock.now() < duration:
-            before = clock.now()
-            await controller.step()
-            if continuous and controller.state.phase is LoopPhase.MONITORING:
-                controller.state = replace(controller.state, phase=LoopPhase.EXPLORING)
-            stalls = stalls + 1 if clock.now() <= before else 0
-            if stalls >= _MAX_STALLS:
-                await clock.sleep(controller.config.poll_s)
-                stalls = 0
-            if hooks.on_step is not None:
-                hooks.on_step(clock.now(), duration)
-
-    asyncio.run(drive())
+    drive(controller, clock, duration, on_step=hooks.on_step)
 
     # Scores.
     run_table = RequestTable.from_records(fleet.records(0.0, duration))
