@@ -4,7 +4,8 @@
     python hack/dashboard.py --check  # exit 1 when either is out of date
 
 The panels read the recording rules of deploy/alerts/spectune-rules.yaml (per namespace,
-deployment, model_name), vLLM's own gauges, and the operator's metrics.
+deployment, model_name and engine: vLLM, SGLang and TensorRT-LLM alike), the engines' own
+queue and KV gauges, and the operator's metrics.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ BY = "namespace, deployment, model_name"
 POD_TO_WORKLOAD = '"deployment", "$1", "pod", "(.+?)(?:-[0-9]+){1,2}"'
 POD_TO_DEPLOYMENT = '"deployment", "$1", "pod", "(.+)-[a-z0-9]{1,10}-[a-z0-9]{5}"'
 DS = {"type": "prometheus", "uid": "${datasource}"}
+#: SGLang's labels whose series repeat one value (the ranks of one scheduler), as in the
+#: operator's catalogue: averaged away before a gauge is summed.
+SGLANG_RANKS = "tp_rank, pp_rank, moe_ep_rank, attn_cp_rank"
 
 
 def target(expr: str, legend: str, ref: str, instant: bool = False) -> dict[str, Any]:
@@ -66,8 +70,15 @@ def panel(
     return out
 
 
-def engine(metric: str, agg: str = "sum") -> str:
-    """A vLLM gauge aggregated per deployment (deployment derived from pod)."""
+def engine(vllm: str, sglang: str, trtllm: str, agg: str = "sum") -> str:
+    """One gauge of the three engines aggregated per deployment (deployment derived from pod).
+
+    SGLang's ranks of one scheduler repeat the value and are averaged first; its draft
+    engine's own series (``engine_type="draft"``) are left out, as the operator does.
+    """
+    metric = (
+        f'{vllm} or avg without ({SGLANG_RANKS}) ({sglang}{{engine_type!="draft"}}) or {trtllm}'
+    )
     return (
         f"{agg} by ({BY}) (label_replace(label_replace({metric}, {POD_TO_WORKLOAD}), "
         f"{POD_TO_DEPLOYMENT}))"
@@ -135,10 +146,16 @@ def dashboard() -> dict[str, Any]:
                     "operator's baseline at convergence {{name}}",
                     "E",
                 ),
+                target(
+                    f'spectune:acceptance_rate:baseline{{{SEL}, engine="sglang"}}',
+                    "acceptance-rate baseline (SGLang) {{deployment}}",
+                    "F",
+                ),
             ],
             "First-position acceptance against the trailing-day baseline that "
-            "SpecTuneAcceptanceDrift uses, and the 85% line it fires under. Trials and "
-            "promotions are annotations.",
+            "SpecTuneAcceptanceDrift uses, and the 85% line it fires under. SGLang exports no "
+            "first-position counter: its drift is the acceptance rate against its own "
+            "baseline. Trials and promotions are annotations.",
             unit="percentunit",
         ),
         panel(
@@ -185,24 +202,102 @@ def dashboard() -> dict[str, Any]:
             "and the speedup they imply. Under 1x, speculation costs more than it saves.",
         ),
         panel(
-            5,
-            "Queue",
+            8,
+            "Drafter health: first drafted token landed",
             "timeseries",
             (0, 18, 12, 8),
             [
-                target(engine("vllm:num_requests_waiting"), "waiting {{deployment}}", "A"),
-                target(engine("vllm:num_requests_running"), "running {{deployment}}", "B"),
+                target(
+                    f"spectune:first_position_acceptance:ratio_rate5m{{{SEL}}}",
+                    "P(L>=1) {{deployment}}",
+                    "A",
+                ),
+                target(
+                    f'spectune:mean_accepted_length:ratio_rate5m{{{SEL}, engine="sglang"}} - 1',
+                    "accepted per pass (SGLang) {{deployment}}",
+                    "B",
+                ),
+                target("vector(0.03)", "SpecTuneDrafterBroken below", "C"),
             ],
-            "Requests waiting and running (vLLM). Speculation pays at low concurrency; at high "
-            "concurrency verification stops being free.",
+            "The share of verification passes whose first drafted token landed (SGLang: "
+            "accepted tokens per pass, an upper bound of it). Under 3% for 15 minutes the "
+            "drafter is broken (SpecTuneDrafterBroken): weights not loaded, the wrong method "
+            "or tokenizer. A poor fit stays far above the line.",
+            unit="percentunit",
+        ),
+        panel(
+            9,
+            "Per-pod acceptance against its peers",
+            "timeseries",
+            (12, 18, 12, 8),
+            [
+                target(
+                    f"spectune:pod_first_position_acceptance:ratio_rate5m{{{SEL}}}"
+                    f" / spectune:pod_peers_first_position_acceptance:ratio_rate5m{{{SEL}}}",
+                    "{{pod}}",
+                    "A",
+                ),
+                target(
+                    f'spectune:pod_accepted_per_draft:ratio_rate5m{{{SEL}, engine="sglang"}}'
+                    f" / spectune:pod_peers_accepted_per_draft:ratio_rate5m{{{SEL}}}",
+                    "{{pod}} (accepted per pass)",
+                    "B",
+                ),
+                target("vector(0.9)", "SpecTunePodAcceptanceDecay below", "C"),
+            ],
+            "Each pod's first-position acceptance (SGLang: accepted tokens per pass) as a share "
+            "of the other pods' of its workload. A pod that sinks alone while a pod started "
+            "after it holds the level decays with its uptime (SpecTunePodAcceptanceDecay, "
+            "under 0.9 for 30 minutes); the youngest pod has no younger peer and is never "
+            "flagged.",
+            unit="percentunit",
+        ),
+        panel(
+            5,
+            "Queue",
+            "timeseries",
+            (0, 26, 12, 8),
+            [
+                target(
+                    engine(
+                        "vllm:num_requests_waiting",
+                        "sglang:num_queue_reqs",
+                        "trtllm_num_requests_waiting",
+                    ),
+                    "waiting {{deployment}}",
+                    "A",
+                ),
+                target(
+                    engine(
+                        "vllm:num_requests_running",
+                        "sglang:num_running_reqs",
+                        "trtllm_num_requests_running",
+                    ),
+                    "running {{deployment}}",
+                    "B",
+                ),
+            ],
+            "Requests waiting and running (vLLM, SGLang, TensorRT-LLM). Speculation pays at "
+            "low concurrency; at high concurrency verification stops being free.",
         ),
         panel(
             6,
             "KV cache usage",
             "timeseries",
-            (12, 18, 12, 8),
-            [target(engine("vllm:kv_cache_usage_perc", "max"), "{{deployment}} (max pod)", "A")],
-            "Fraction of KV blocks in use (vLLM), the fullest pod. Draft tokens take KV slots: a "
+            (12, 26, 12, 8),
+            [
+                target(
+                    engine(
+                        "vllm:kv_cache_usage_perc",
+                        "sglang:token_usage",
+                        "trtllm_kv_cache_utilization",
+                        "max",
+                    ),
+                    "{{deployment}} (max pod)",
+                    "A",
+                )
+            ],
+            "Fraction of the KV pool in use, the fullest pod. Draft tokens take KV slots: a "
             "full pool preempts requests and speculation loses.",
             unit="percentunit",
         ),
@@ -210,7 +305,7 @@ def dashboard() -> dict[str, Any]:
             7,
             "SpecTunings",
             "table",
-            (0, 26, 24, 8),
+            (0, 34, 24, 8),
             [
                 target('spectune_phase{namespace=~"$namespace"} == 1', "", "A", True),
                 target('spectune_applied_k{namespace=~"$namespace"}', "", "B", True),
@@ -335,7 +430,7 @@ def dashboard() -> dict[str, Any]:
         "description": (
             "Acceptance, its drift, the speedup per draft length, and what spectune is doing."
         ),
-        "tags": ["spectune", "vllm", "speculative-decoding"],
+        "tags": ["spectune", "vllm", "sglang", "tensorrt-llm", "speculative-decoding"],
         "schemaVersion": 39,
         "version": 1,
         "editable": True,

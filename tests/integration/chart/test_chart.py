@@ -641,6 +641,8 @@ def test_alert_thresholds_are_values(cluster_bin: Path, tmp_path: Path) -> None:
                         "metricsSourceDown": {"failedWindows": 5, "for": "20m"},
                         "tuningStuck": {"for": "3h"},
                         "operatorDown": {"for": "5m"},
+                        "drafterBroken": {"level": 0.05, "for": "20m"},
+                        "podAcceptanceDecay": {"ratio": 0.8, "for": "2h"},
                     },
                 }
             }
@@ -660,6 +662,12 @@ def test_alert_thresholds_are_values(cluster_bin: Path, tmp_path: Path) -> None:
     assert down["for"] == "20m" and ">= 5\n" in down["expr"]
     assert "scraped for 20m" in down["annotations"]["description"]
     assert a["SpecTuneTuningStuck"]["for"] == "3h"
+    broken = a["SpecTuneDrafterBroken"]
+    assert broken["for"] == "20m" and broken["expr"].count("< 0.05\n") == 2
+    assert "for 20m: below 0.05," in " ".join(broken["annotations"]["description"].split())
+    decay = a["SpecTunePodAcceptanceDecay"]
+    assert decay["for"] == "2h" and decay["expr"].count("< 0.8\n") == 2
+    assert "for 2h, below 0.8 of theirs" in " ".join(decay["annotations"]["description"].split())
     op = a["SpecTuneOperatorDown"]
     assert op["for"] == "5m"
     # release "spectune": its Service is spectune-metrics, the plain file's job

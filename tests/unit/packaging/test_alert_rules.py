@@ -28,6 +28,8 @@ ALERTS = {
     "SpecTuneMetricsSourceDown",
     "SpecTuneTuningStuck",
     "SpecTuneOperatorDown",
+    "SpecTuneDrafterBroken",
+    "SpecTunePodAcceptanceDecay",
 }
 
 
@@ -143,3 +145,29 @@ def test_the_trial_counter_exists_before_the_first_trial() -> None:
         )
         is None
     )
+
+
+def test_rules_read_the_engine_series_the_operator_reads() -> None:
+    """Rules and operator agree on the engines' names: every vLLM, SGLang and TensorRT-LLM
+    series the rules read is a name of the operator's engine catalogue, and each of the three
+    engines has its rule for the drafts every other rule builds on."""
+    from dataclasses import fields
+
+    from spectune.engines import SGLANG, TRTLLM, VLLM_V1
+
+    catalogued = {
+        value
+        for cat in (VLLM_V1, SGLANG, TRTLLM)
+        for value in (getattr(cat, f.name) for f in fields(cat))
+        if isinstance(value, str)
+    }
+    exprs = " ".join(str(r["expr"]) for r in _rules())
+    used = set(re.findall(r"\b((?:vllm|sglang):[a-z_:]*[a-z]|trtllm_[a-z_]*[a-z])\b", exprs))
+    assert {"sglang:spec_accept_length", "trtllm_spec_decode_accepted_tokens_total"} <= used
+    assert used <= catalogued, f"series not in engines/catalogue.py: {used - catalogued}"
+    engines = {
+        rule.get("labels", {}).get("engine")  # type: ignore[attr-defined]
+        for rule in _rules()
+        if rule.get("record") == "spectune:pod_drafts:rate5m"
+    }
+    assert engines == {"vllm", "sglang", "trtllm"}

@@ -30,7 +30,24 @@ VLLM = {
     "vllm:num_requests_running",
     "vllm:kv_cache_usage_perc",
 }
-_NAME = re.compile(r"\b(?:spectune[:_][a-z0-9_:]*[a-z0-9]|vllm:[a-z0-9_:]*[a-z0-9])")
+_NAME = re.compile(
+    r"\b(?:spectune[:_][a-z0-9_:]*[a-z0-9]|(?:vllm|sglang):[a-z0-9_:]*[a-z0-9]"
+    r"|trtllm_[a-z0-9_]*[a-z0-9])"
+)
+
+
+def _catalogued() -> set[str]:
+    """Every series name of the operator's engine catalogue (vLLM V1, SGLang, TensorRT-LLM)."""
+    from dataclasses import fields
+
+    from spectune.engines import SGLANG, TRTLLM, VLLM_V1
+
+    return {
+        value
+        for cat in (VLLM_V1, SGLANG, TRTLLM)
+        for value in (getattr(cat, f.name) for f in fields(cat))
+        if isinstance(value, str)
+    }
 
 
 def _generator() -> ModuleType:
@@ -55,7 +72,7 @@ def _known_names() -> set[str]:
     gauges = set(re.findall(r'Gauge\(\s*"(spectune_[a-z_]+)"', src))
     counters = {f"{n}_total" for n in re.findall(r'Counter\(\s*"(spectune_[a-z_]+)"', src)}
     assert gauges and counters, "telemetry.py's metric definitions were not found"
-    return recorded | gauges | counters | VLLM
+    return recorded | gauges | counters | VLLM | _catalogued()
 
 
 def test_dashboard_files_are_generated_and_current() -> None:
@@ -75,6 +92,8 @@ def test_dashboard_has_the_panels_and_annotations_users_read() -> None:
         "Predicted speedup vs k",
         "Queue",
         "KV cache usage",
+        "Drafter health: first drafted token landed",
+        "Per-pod acceptance against its peers",
     ):
         assert needed in titles
     names = {a["name"] for a in model["annotations"]["list"]}
@@ -85,13 +104,26 @@ def test_dashboard_has_the_panels_and_annotations_users_read() -> None:
         assert p["datasource"]["uid"] == "${datasource}"
 
 
+def test_queue_and_kv_panels_read_every_engine() -> None:
+    """The queue and KV panels show SGLang and TensorRT-LLM Deployments too, by the names the
+    operator's catalogue reads."""
+    from spectune.engines import SGLANG, TRTLLM, VLLM_V1
+
+    panels = {p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in _model()["panels"]}
+    for cat in (VLLM_V1, SGLANG, TRTLLM):
+        assert cat.waiting in panels["Queue"] and cat.running in panels["Queue"]
+        assert cat.kv_usage is not None and cat.kv_usage in panels["KV cache usage"]
+
+
 def test_every_metric_the_dashboard_and_rules_read_exists() -> None:
     known = _known_names()
     used = {n for e in _exprs(_model()) for n in _NAME.findall(e)}
     used |= set(_NAME.findall(RULES.read_text().split("groups:", 1)[1]))
     # record names are "known"; anything else must be an engine or operator series
     unknown = {n for n in used if n not in known and not n.startswith("spectune.")}
-    assert not unknown, f"series that neither vLLM, the operator nor the rules define: {unknown}"
+    assert not unknown, (
+        f"series that neither the engines, the operator nor the rules define: {unknown}"
+    )
 
 
 def test_every_dashboard_query_is_valid_promql(tmp_path: Path) -> None:
