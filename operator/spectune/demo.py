@@ -66,6 +66,7 @@ def demo_command(ns: argparse.Namespace) -> int:
     from spectune.bench.runner import sim_controller
     from spectune.bench.scoring import RequestTable, metric_value, phase_spans
     from spectune.control.controller import Event
+    from spectune.k8s.projection import applied_speedup
     from spectune.search.arms import OFF
     from spectune.search.spectune_policy import SpectunePolicy
     from spectune.sim.scenario import load_scenario
@@ -135,6 +136,10 @@ def demo_command(ns: argparse.Namespace) -> int:
         a, b = values[final.name], values[over]
         return b / a if metric.minimise else a / b
 
+    # The gain the operator would show as SPEEDUP for this run, from the same function and the
+    # same last decision (the search's own measurements), so the demo and a cluster agree.
+    speedup = applied_speedup(controller.last_decision, final, metric.minimise)
+
     outcome: dict[str, Any] = {
         "scenario": scenario.name,
         "seed": seed,
@@ -144,6 +149,7 @@ def demo_command(ns: argparse.Namespace) -> int:
         "trials": stage.trials,
         "phase": controller.state.phase.value,
         "unfinished_trial": stage.canary_arm.name if stage.canary_arm else None,
+        "speedup": None if speedup is None else round(speedup, 2),
         "values": {k: _round(v) for k, v in values.items()},
         "gain_over_initial": _round(gain(initial.name)),
         "gain_over_off": _round(gain(OFF.name)),
@@ -152,11 +158,8 @@ def demo_command(ns: argparse.Namespace) -> int:
             {"at_s": round(e.at_s), "reason": e.reason, "message": e.message} for e in events
         ],
     }
-    report = (
-        _write_plots(scenario, seed, _choice(scenario, final, metric, value), Path(ns.out))
-        if final.drafter
-        else []
-    )
+    choice = _choice(scenario, final, metric, value, outcome["speedup"], controller.config.epsilon)
+    report = _write_plots(scenario, seed, choice, Path(ns.out)) if final.drafter else []
     outcome["report"] = [str(p) for p in report]
     if ns.json:
         print(json.dumps(outcome))
@@ -168,9 +171,17 @@ def demo_command(ns: argparse.Namespace) -> int:
         trail.add_row(f"{e.at_s:.0f}", e.reason, e.message)
     console.print(trail)
     unit = "s" if metric.minimise else ""
+    shown = (
+        f"SPEEDUP {outcome['speedup']:.2f}× on {metric.value} over off, as the search measured "
+        "it (what `kubectl get spt` would show). "
+        if outcome["speedup"] is not None
+        else ""
+    )
     console.print(
         f"[bold]Final setting: {final.name}[/bold] after {stage.trials} configuration changes. "
-        f"{metric.value} over the last phase (static runs on the same traffic): "
+        + shown
+        + f"Checked by static runs of each arm on the same traffic, {metric.value} over the "
+        "last phase: "
         + ", ".join(f"{k} {v:.4g}{unit}" for k, v in values.items())
         + f". Gain: {outcome['gain_over_initial']:.2f}× over the initial {initial.name}, "
         f"{outcome['gain_over_off']:.2f}× over off."
@@ -191,11 +202,19 @@ def _round(x: float) -> float | None:
     return None if math.isnan(x) else round(x, 6)
 
 
-def _choice(scenario: Any, final: Any, metric: Any, value: Callable[[str], float]) -> Any:
+def _choice(
+    scenario: Any,
+    final: Any,
+    metric: Any,
+    value: Callable[[str], float],
+    speedup: float | None,
+    tolerance: float,
+) -> Any:
     """What the search chose, with its drafter's objective gain over off at every k.
 
     ``value`` is the objective over the last phase from the oracle's static run of an arm
-    (the numbers the final line prints), so the report's curve and the trail agree.
+    (the numbers the final line prints), so the report's curve and the trail agree;
+    ``speedup`` is the search's own measured gain (``SPEEDUP``), ``tolerance`` its epsilon.
     """
     from spectune.report import Choice
     from spectune.search.arms import OFF
@@ -215,6 +234,8 @@ def _choice(scenario: Any, final: Any, metric: Any, value: Callable[[str], float
         gain_over_off=gain(final.name),
         measured_gain_by_k={k: gain(f"{final.drafter}/{k}") for k in range(1, max_k + 1)},
         source="static runs of each arm on the demo's traffic, over its last phase",
+        speedup=speedup,
+        tolerance=tolerance,
     )
 
 
@@ -223,7 +244,8 @@ def _write_plots(scenario: Any, seed: int, choice: Any, out: Path) -> list[Path]
 
     The drafter runs at its largest k, so the per-position curve and the predicted speedup
     cover every k it may use (per-token means); ``choice`` (:func:`_choice`) puts the
-    search's arm and its objective first (``spectune.report``).
+    search's arm and its objective first, and the chosen arm is diagnosed too, so the
+    findings (and what they say to do) are of the setting chosen (``spectune.report``).
     """
     from spectune.diagnose import diagnose
     from spectune.metrics import observation_from_pages, parse_page
@@ -241,6 +263,9 @@ def _write_plots(scenario: Any, seed: int, choice: Any, out: Path) -> list[Path]
 
     from spectune.search.arms import Arm, parse_arm
 
-    drafter = parse_arm(choice.arm).drafter
-    widest = Arm(drafter, next(d.max_k for d in scenario.drafters if d.name == drafter))
-    return write_report(diagnose(observe(widest), observe(OFF)), out, choice)
+    arm = parse_arm(choice.arm)
+    widest = Arm(arm.drafter, next(d.max_k for d in scenario.drafters if d.name == arm.drafter))
+    off = observe(OFF)
+    wide = diagnose(observe(widest), off)
+    chosen = diagnose(observe(arm), off) if arm != widest else wide
+    return write_report(wide, out, choice, chosen)

@@ -7,9 +7,11 @@ optimum marked. matplotlib runs headless (Agg); nothing is shown on screen.
 The diagnosis predicts a *mean* per-token speedup from acceptance and draft cost; a search
 ranks arms by the SpecTuning's objective (a p95, a throughput), which can favour another k
 (the tail of the per-token latency grows with k faster than its mean). When a search's
-:class:`Choice` is given (``spectune demo``), the page leads with the arm it chose and what
-it measured on its objective, the speedup plot draws that measured curve beside the model's,
-and the model's best k is named as the mean's, so the page and the search tell one story.
+:class:`Choice` is given (``spectune demo``), the page leads with the arm it chose and its
+gain on the objective as the search measured it (the ``SPEEDUP`` a cluster shows), the
+speedup plot draws the measured curve beside the model's, the findings are those of the
+chosen arm itself, and no other draft length is put forward as the answer: the page and the
+search tell one story.
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ class Choice:
     gain_over_off: float
     measured_gain_by_k: Mapping[int, float] = field(default_factory=dict)
     source: str = ""
+    speedup: float | None = None
+    """The arm's gain over off as the search measured it: what ``SPEEDUP`` shows
+    (``spectune.k8s.projection.applied_speedup``); None where the search did not measure both."""
+    tolerance: float | None = None
+    """The search's epsilon: arms within this fraction of the best are tied for it."""
 
 
 def _acceptance_plot(d: Diagnosis, path: Path) -> None:
@@ -90,7 +97,7 @@ def _speedup_plot(d: Diagnosis, path: Path, choice: Choice | None = None) -> Non
         ax.axhline(1.0, color="grey", lw=1, ls=":")
         if d.best_k is not None:
             ax.plot([d.best_k], [sp[d.best_k]], "*", ms=16, color="tab:green",
-                    label=f"model's best k = {d.best_k}{mean}")  # fmt: skip
+                    label=f"model's peak, k = {d.best_k}{mean}")  # fmt: skip
         if choice is None and d.current_k < len(sp):
             ax.plot([d.current_k], [sp[d.current_k]], "s", ms=9, mfc="none", color="tab:red",
                     label=f"current k = {d.current_k}")  # fmt: skip
@@ -122,75 +129,105 @@ def _choice_curve(ax: Axes, choice: Choice) -> None:
 
 
 def _choice_html(d: Diagnosis, choice: Choice) -> str:
-    """The page's lead: the search's choice on its objective, the measured best k, the model's."""
+    """The page's lead: the search's choice and its gain on the objective, then what the static
+    runs and the mean model say about the other draft lengths, each in the search's terms."""
     gain = choice.gain_over_off
     obj = html.escape(choice.objective)
-    lead = (
-        f"<p><b>Chosen: {html.escape(choice.arm)}</b> on the objective <b>{obj}</b>"
-        + (f", {gain:.2f}&times; better than speculation off" if math.isfinite(gain) else "")
-        + (f" ({html.escape(choice.source)})" if choice.source else "")
-        + ".</p>"
-    )
+    lead = f"<p><b>Chosen: {html.escape(choice.arm)}</b> on the objective <b>{obj}</b>"
+    if choice.speedup is not None:
+        lead += (
+            f": SPEEDUP {choice.speedup:.2f}&times; over speculation off, as the search "
+            "measured it (the gain <code>kubectl get spt</code> shows)"
+        )
+    lead += "."
+    if math.isfinite(gain):
+        lead += f" Checked by {html.escape(choice.source or 'static runs')}: {gain:.2f}&times;."
+    lead += "</p>"
     measured = {k: g for k, g in choice.measured_gain_by_k.items() if math.isfinite(g)}
     if not measured or choice.k is None:
         return lead
     top = max(measured, key=lambda k: measured[k])
     if top == choice.k:
-        lead += f"<p>Measured, k = {top} is this drafter's best k on {obj} (purple curve).</p>"
+        lead += f"<p>In those runs k = {top} is this drafter's best on {obj} (purple curve).</p>"
     elif math.isfinite(gain) and gain > 0:
+        ahead = measured[top] / gain - 1
+        tol = choice.tolerance
+        if tol is not None and ahead <= tol:
+            lead += (
+                f"<p>In those runs k = {top} came out {100 * ahead:.1f} % ahead of "
+                f"k = {choice.k}, within the search's tolerance of {100 * tol:.0f} %: arms "
+                "that close are tied for the best, and the search keeps the one it measured "
+                "(purple curve).</p>"
+            )
+        else:
+            lead += (
+                f"<p>In those runs k = {top} came out {100 * ahead:.1f} % ahead of "
+                f"k = {choice.k} (purple curve): the search did not find it.</p>"
+            )
+    if d.best_k is not None and d.best_k != choice.k:
         lead += (
-            f"<p>Measured, k = {top} is this drafter's best k on {obj} ({measured[top]:.2f}&times;,"
-            f" {100 * (measured[top] / gain - 1):.1f} % better than the chosen k = {choice.k}; "
-            "purple curve).</p>"
-        )
-    if d.best_k is not None and d.best_k != top:
-        lead += (
-            f"<p>The diagnosis below predicts the <i>mean</i> per-token speedup from acceptance "
-            f"and draft cost; its best k is {d.best_k}. {obj} is read from the latency "
-            "distribution, whose tail grows with k faster than its mean, so the measured "
-            "curve ranks the draft lengths for this objective.</p>"
+            f"<p>The acceptance model below predicts the <i>mean</i> per-token speedup from "
+            f"acceptance and draft cost, which peaks at k = {d.best_k} (green star). {obj} is "
+            "read from the latency distribution, whose tail grows with k faster than its mean, "
+            "so the measured curve ranks the draft lengths for this objective.</p>"
         )
     return lead
 
 
-def write_report(d: Diagnosis, out: Path, choice: Choice | None = None) -> list[Path]:
+def write_report(
+    d: Diagnosis, out: Path, choice: Choice | None = None, chosen: Diagnosis | None = None
+) -> list[Path]:
     """Write the plots, ``diagnosis.json`` and ``index.html`` into ``out``; return the paths.
 
-    With ``choice``, the page describes that arm on its objective first (module docstring).
+    With ``choice``, the page describes that arm on its objective first (module docstring);
+    ``chosen`` is that arm's own diagnosis (``d`` may be of the drafter at another k, to
+    price every k), whose findings the page lists and ``diagnosis.json`` keeps under
+    ``chosen.findings``: what to do is said of the setting chosen, never of the one diagnosed.
     """
     out.mkdir(parents=True, exist_ok=True)
     acc_png, sp_png = out / "acceptance.png", out / "speedup.png"
     _acceptance_plot(d, acc_png)
     _speedup_plot(d, sp_png, choice)
     doc = d.to_json()
+    findings = doc["findings"]
     if choice is not None:
         doc["chosen"] = {
             "arm": choice.arm,
             "k": choice.k,
             "objective": choice.objective,
+            "speedup": choice.speedup,
             "gain_over_off": choice.gain_over_off if math.isfinite(choice.gain_over_off) else None,
             "measured_gain_by_k": {
                 str(k): g for k, g in choice.measured_gain_by_k.items() if math.isfinite(g)
             },
             "source": choice.source,
+            "tolerance": choice.tolerance,
         }
+        if chosen is not None:
+            findings = doc["chosen"]["findings"] = chosen.to_json()["findings"]
     (out / "diagnosis.json").write_text(json.dumps(doc, indent=2) + "\n")
     rows = "".join(
         f"<tr><td>{html.escape(f['code'])}</td><td>{html.escape(f['message'])}</td>"
         f"<td>{html.escape(f['action'])}</td></tr>"
-        for f in doc["findings"]
+        for f in findings
     )
     cost = doc["draft_cost"]
-    best_k = (
-        f"Best k by the mean per-token model = {doc['best_k']}"
-        if choice is not None
-        else f"Best k = {doc['best_k']}"
-    )
-    at_k = (
-        f"diagnosed at k = {d.current_k} (the drafter's largest: one window prices every k)"
-        if choice is not None
-        else f"current k = {d.current_k}"
-    )
+    if choice is None:
+        summary = f"current k = {d.current_k}"
+        best_k = f" Best k = {doc['best_k']}."
+        findings_title = "Findings"
+    else:
+        # The model's peak is in the lead, in the search's terms; here it would read as the
+        # answer beside the arm chosen.
+        summary = (
+            f"the drafter diagnosed at k = {d.current_k} (its largest: one window prices every k)"
+        )
+        best_k = ""
+        on = choice.arm if chosen is not None else f"k = {d.current_k}"
+        findings_title = (
+            f"Findings on {html.escape(on)} against off (the diagnosis reads the mean "
+            f"per-token latency, not {html.escape(choice.objective)})"
+        )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>spectune report</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}
@@ -199,13 +236,13 @@ table{{border-collapse:collapse}}</style>
 </head><body>
 <h1>spectune report</h1>
 {_choice_html(d, choice) if choice is not None else ""}
-<p>Engine <b>{html.escape(doc["engine"])}</b>, {len(doc["pods"])} pod(s), {at_k}.
+<p>Engine <b>{html.escape(doc["engine"])}</b>, {len(doc["pods"])} pod(s), {summary}.
 Acceptance rate {d.acceptance.rate:.3f}, mean accepted length
 {d.acceptance.mean_accepted_length:.2f} tokens per pass.
-Draft cost c = {cost["value"]} ({html.escape(cost["source"])}). {best_k}.</p>
+Draft cost c = {cost["value"]} ({html.escape(cost["source"])}).{best_k}</p>
 <h2>Acceptance by position</h2><img src="acceptance.png" alt="per-position acceptance">
 <h2>Predicted speedup</h2><img src="speedup.png" alt="predicted speedup against k">
-<h2>Findings</h2><table><tr><th>code</th><th>what</th><th>do</th></tr>{rows}</table>
+<h2>{findings_title}</h2><table><tr><th>code</th><th>what</th><th>do</th></tr>{rows}</table>
 <p><a href="diagnosis.json">diagnosis.json</a></p>
 </body></html>
 """

@@ -136,6 +136,11 @@ class ControllerConfig:
         """A rate per controller second in the pods' own units (per pod second)."""
         return rate / self.time_scale
 
+    def in_pod_seconds(self, seconds: float) -> float:
+        """A duration on this controller's clock in the pods' own seconds (as the spec's
+        windows and ``drift.for`` are given)."""
+        return seconds * self.time_scale
+
 
 @dataclass(frozen=True)
 class ControllerState:
@@ -419,7 +424,10 @@ class Controller:
             ):
                 started = self.state.trial_started_s or self.clock.now()
                 if self.clock.now() - started > self.config.ready_timeout_s:
-                    why = f"canary never became ready in {self.config.ready_timeout_s:g}s"
+                    why = (
+                        "canary never became ready in "
+                        f"{self.config.in_pod_seconds(self.config.ready_timeout_s):g}s"
+                    )
                     self._end_running(Outcome.INFEASIBLE, why)
                     await self.actuator.stop_canary()
                     self._event("TrialInfeasible", f"{running.arm}: {why}")
@@ -867,7 +875,7 @@ class Controller:
         if dep.rolling and waited > self.config.ready_timeout_s:
             return (
                 f"{st.verify_arm} did not become ready on the target in "
-                f"{self.config.ready_timeout_s:g}s"
+                f"{self.config.in_pod_seconds(self.config.ready_timeout_s):g}s"
             )
         return None
 
@@ -923,7 +931,8 @@ class Controller:
         st = self.state
         converged = st.converged_at_s
         if cfg.retune_every_s and converged is not None and now - converged >= cfg.retune_every_s:
-            await self._retune(f"scheduled re-measure every {cfg.retune_every_s:g}s")
+            every = cfg.in_pod_seconds(cfg.retune_every_s)
+            await self._retune(f"scheduled re-measure every {every:g}s")
             return
         # Drift: the first-position acceptance fell below the reference by the threshold,
         # with confidence (the Wilson upper bound is below the line), for long enough.
@@ -938,7 +947,7 @@ class Controller:
             if now - since >= cfg.drift_for_s and st.phase is not Phase.DRIFTED:
                 msg = (
                     f"acceptance P(L≥1) {p1:.3f} is more than {cfg.drift_threshold:.0%} below "
-                    f"{st.reference_acceptance:.3f} for {now - since:.0f}s"
+                    f"{st.reference_acceptance:.3f} for {cfg.in_pod_seconds(now - since):.0f}s"
                 )
                 self._event("AcceptanceDrift", msg)
                 if cfg.drift_action is DriftAction.RETUNE:
@@ -1020,7 +1029,7 @@ class Controller:
         self.state = replace(st, decay_pod=pod, decay_since_s=since)
         if now - since < cfg.drift_for_s:
             return
-        lasted = f"{f.message}, for {now - since:.0f}s"
+        lasted = f"{f.message}, for {cfg.in_pod_seconds(now - since):.0f}s"
         self.state = replace(
             self.state,
             pods_status="False",
@@ -1046,7 +1055,8 @@ class Controller:
         elif st.pod_restart_s is not None and now - st.pod_restart_s < 2 * cfg.window_s:
             # The window after a deletion holds the replacement's start; the one after it
             # is the first to show whether the replacement is back at its peers' level.
-            held = f"a pod was restarted {now - st.pod_restart_s:.0f}s ago, under two windows"
+            ago = cfg.in_pod_seconds(now - st.pod_restart_s)
+            held = f"a pod was restarted {ago:.0f}s ago, under two windows"
         if held is None and self.pods is not None:
             ready = list(await self.pods.ready())
             others = len([p for p in ready if p != pod])

@@ -1646,7 +1646,8 @@ class TuningLoop:
                     expected_speedup=row.speedup if row is not None else None,
                     reason=(
                         f"predicted from the acceptance measured on {arm.name} over "
-                        f"{window:.0f}s, assuming draft cost c = {c:g} (SPECTUNE_DRAFT_COST); "
+                        f"{window * s.time_scale:.0f}s, assuming draft cost c = {c:g} "
+                        "(SPECTUNE_DRAFT_COST); "
                         "recommend mode runs no trials"
                     )[:1024],
                 )

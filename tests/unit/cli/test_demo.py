@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,11 @@ def test_the_demo_finds_a_speculative_setting_and_shows_its_gain(tmp_path: Path)
     page = (tmp_path / "r" / "index.html").read_text()
     assert f"Chosen: {out['final_arm']}</b> on the objective <b>{out['objective']}" in page
     assert f"Best k = {report['best_k']}" not in page
+    # ...and it puts no other draft length forward as the answer: the findings (and what they
+    # say to do) are the chosen arm's, and neither "best k" nor an action names another k.
+    assert chosen["findings"] and all(f["code"] != "K_PAST_PEAK" for f in chosen["findings"])
+    assert set(re.findall(r"num_speculative_tokens to (\d+)", page)) <= {str(chosen["k"])}
+    assert set(re.findall(r"best k (?:=|is) (\d+)", page, re.I)) <= {str(chosen["k"])}
+    # The gain it leads with is the SPEEDUP the operator would show for this run.
+    assert out["speedup"] is not None and out["speedup"] == chosen["speedup"]
+    assert f"SPEEDUP {out['speedup']:.2f}&times;" in page

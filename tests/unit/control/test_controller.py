@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import re
 from dataclasses import dataclass, field, replace
+
+import pytest
 
 from spectune.control.controller import (
     Controller,
@@ -345,6 +348,35 @@ def test_a_canary_that_never_becomes_ready_is_infeasible_with_an_event() -> None
     assert "never became ready in 600s" in next(
         e.message for e in events if e.reason == "TrialInfeasible"
     )
+
+
+def test_under_a_time_scale_durations_read_in_the_pods_own_seconds() -> None:
+    """Against pods 30x faster than the controller's clock, a readiness timeout of 600 pod
+    seconds is 20 of the controller's, and the event says 600s, as the spec gave it."""
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"), restart_s=10_000)
+    c, events = make(fleet, clock, ready_timeout_s=20, time_scale=30.0)
+    run_until(c, lambda: any(e.reason == "TrialInfeasible" for e in events))
+    assert "never became ready in 600s" in next(
+        e.message for e in events if e.reason == "TrialInfeasible"
+    )
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_a_drift_event_says_how_long_in_the_pods_own_seconds(scale: float) -> None:
+    clock = FakeClock()
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
+    # drift.for: 900 pod seconds, on the controller's clock 900 / scale.
+    c, events = make(
+        fleet, clock, drift_for_s=900 / scale, drift_action=DriftAction.ALERT, time_scale=scale
+    )
+    run_until(c, lambda: c.state.phase is Phase.MONITORING)
+    asyncio.run(c.step())  # the reference window
+    fleet.acceptance_scale = 0.7
+    run_until(c, lambda: c.state.phase is Phase.DRIFTED, limit=10)
+    drift = next(e for e in events if e.reason == "AcceptanceDrift")
+    lasted = re.search(r"for (\d+)s", drift.message)
+    assert lasted is not None and int(lasted.group(1)) >= 900, drift.message
 
 
 def test_an_acceptance_drop_that_persists_is_drift() -> None:
