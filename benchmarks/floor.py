@@ -7,11 +7,11 @@ Run: python3 benchmarks/floor.py [--set eval] [--policy spectune] [--jobs N] [--
 the target served an arm worse than the world's initial arm, with confidence) needs the
 static runs of the initial arm and of each promoted arm only. The family bench
 (``family.py``) simulates every candidate arm of every world first, for efficiency and
-regret; this script drives the same controller over the same simulated fleet
-(``bench/runner.py``'s :func:`~spectune.bench.runner.sim_controller` and
-:func:`~spectune.bench.runner.drive`) and simulates only the arms the floor reads, so
-the whole ``eval`` set fits a short run on a small machine. Static runs go to the same
-on-disk cache as the family bench's oracles.
+regret; this script drives the same controller over the same simulated fleet and scores
+it the same way (``bench/runner.py``'s ``sim_controller``, ``drive`` and
+``worse_than_initial``), but simulates only the arms the floor reads, so the whole
+``eval`` set fits a short run on a small machine. Static runs go to the same on-disk cache
+as the family bench's oracles.
 
 Printed: per world with a positive figure, its name, the seconds, and the arms served;
 then the runs with a positive figure, their total, and the rollbacks. Exit status 1 when
@@ -31,8 +31,7 @@ from family import load_set
 
 from spectune.bench.oracle import Oracle
 from spectune.bench.registry import PolicyRequest, make_policy
-from spectune.bench.runner import bench_objective, drive, sim_controller
-from spectune.bench.scoring import phase_spans, worse_seconds
+from spectune.bench.runner import drive, sim_controller, worse_than_initial
 from spectune.control.controller import Event
 from spectune.sim.scenario import scenario_from_mapping
 
@@ -53,15 +52,8 @@ def floor_run(doc: dict[str, Any], policy: str, window_s: float) -> dict[str, An
     )
     duration = float(scenario.duration_s)
     drive(controller, clock, duration)
-    promotions = stage.timeline[1:]
-    worse = worse_seconds(
-        stage.timeline,
-        promotions[0][0] if promotions else None,
-        lambda arm: oracle.run(arm).requests,
-        scenario.initial_arm.name,
-        bench_objective(scenario).metric,
-        phase_spans(scenario),
-        window_s,
+    worse = worse_than_initial(
+        scenario, stage.timeline, lambda arm: oracle.run(arm).requests, window_s
     )
     return {
         "scenario": scenario.name,

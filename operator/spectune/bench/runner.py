@@ -58,7 +58,7 @@ import asyncio
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,7 @@ __all__ = [
     "bench_objective",
     "drive",
     "run_bench",
+    "worse_than_initial",
 ]
 
 #: The controller events that report each incident kind (the first one after it counts).
@@ -406,6 +407,28 @@ def drive(
     asyncio.run(run())
 
 
+def worse_than_initial(
+    scenario: Scenario,
+    served: Sequence[tuple[float, str]],
+    runs: Callable[[str], RequestTable],
+    window_s: float,
+) -> float:
+    """``worse_than_initial_s`` of a run that served ``served`` (``(time, arm)`` at time 0
+    and at every promotion): ``bench/scoring.py``'s :func:`worse_seconds` from the first
+    promotion on, against the scenario's initial arm on its objective; ``runs(arm)`` is
+    the oracle's static run of an arm."""
+    promotions = served[1:]
+    return worse_seconds(
+        served,
+        promotions[0][0] if promotions else None,
+        runs,
+        scenario.initial_arm.name,
+        bench_objective(scenario).metric,
+        phase_spans(scenario),
+        window_s,
+    )
+
+
 def run_bench(
     scenario: Scenario,
     policy: str,
@@ -504,15 +527,8 @@ def run_bench(
         window_s,
         guardrail_limits(scenario),
     )
-    promotions = stage.timeline[1:]
-    worse = worse_seconds(
-        stage.timeline,
-        promotions[0][0] if promotions else None,
-        lambda arm: oracle.run(arm).requests,
-        scenario.initial_arm.name,
-        metric,
-        phases,
-        window_s,
+    worse = worse_than_initial(
+        scenario, stage.timeline, lambda arm: oracle.run(arm).requests, window_s
     )
     return BenchResult(
         scenario=scenario.name,
