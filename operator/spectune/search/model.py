@@ -259,7 +259,9 @@ class _Tails:
     p95 is its exact mean times the ratio of p95 to mean that the drafter's spread of
     acceptance across requests gives at its ``k`` (:func:`spectune.core.tail_ratio`),
     kept within the bucket's edges. ``off`` has ratio 1: without drafting the acceptance
-    spread adds no tail.
+    spread adds no tail. A modelled p95 never exceeds the window's step time
+    (:func:`step_time`): a request emits at least one token per step, so none has a
+    per-token latency above the steps it ran in.
     """
 
     def __init__(self, by_drafter: dict[str, list[WindowStats]]) -> None:
@@ -344,6 +346,7 @@ class _Tails:
                 values.append(s.objective)
                 sides.append(_side_spread(s))
             else:
+                r = _within_step(s, r)
                 self.used[name] = r
                 values.append(max(min(s.tpot_mean * r, s.objective_bound), s.objective_floor))
                 sides.append((r - 1.0) / 1.645 / math.sqrt(max(s.requests, 1.0)))
@@ -360,6 +363,42 @@ class _Tails:
             "at a light load, places below what acceptance alone gives are read from how "
             f"acceptance varies across requests: {ratios}"
         )
+
+
+def step_time(s: WindowStats) -> float:
+    """The mean duration of one engine step on a window's pods (NaN when unknown).
+
+    By Little's law the pods finish ``tokens_per_pod`` output tokens per second over
+    ``running`` requests, each step giving a request ``mean_accepted_length`` tokens on
+    average over its steps (the counters weigh requests by their steps, as the running
+    gauge does by time), so a step lasts ``running · mean_accepted_length /
+    tokens_per_pod``. It needs no per-request weighting: the mean per-token latency
+    times the tokens per step would, and overstates the step where the requests that
+    accept most are also the longest.
+    """
+    tokens = s.tokens_per_pod
+    if not (s.running > 0 and tokens > 0):
+        return math.nan
+    return s.running * max(s.mean_accepted_length, 1.0) / tokens
+
+
+def _within_step(s: WindowStats, ratio: float) -> float:
+    """``ratio`` (a modelled p95 over the window's mean) capped at the step time's ratio.
+
+    A request's per-token latency is its decode time over its tokens, and every step it
+    runs in gives it at least one token: it is at most the mean step it ran in. The
+    acceptance model reads the p95 from one Beta distribution of rates fitted to pooled
+    counters, and the counters do not tell the tail of the rates apart from how the
+    requests' lengths go with their acceptance (short chat that accepts little beside
+    long code that accepts much): its p95 can land above any request's. The step's own
+    spread across requests (prefills of others) would lift a p95 over the mean step a
+    little, but it does so for every arm alike, ``off`` included, which is read at its
+    mean; so the cap is the step itself, never below the mean.
+    """
+    step = step_time(s)
+    if math.isnan(step) or not s.tpot_mean > 0:
+        return ratio
+    return max(min(ratio, step / s.tpot_mean), 1.0)
 
 
 def _arm_of(name: str) -> Arm | None:

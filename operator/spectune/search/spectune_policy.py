@@ -79,7 +79,13 @@ from scipy.stats import beta as beta_dist
 
 from spectune.core import predict_speedup, tail_ratio
 from spectune.search.arms import OFF, Arm, parse_arm
-from spectune.search.history import History, Outcome, TrialRecord, WindowRecord
+from spectune.search.history import (
+    MATCHED_LOAD_BAND,
+    History,
+    Outcome,
+    TrialRecord,
+    WindowRecord,
+)
 from spectune.search.model import MEASURED_FLOOR, MODEL_PRIOR, ArmBelief, Beliefs, build_beliefs
 from spectune.search.objective import (
     SMALL_BATCH_CHANGE,
@@ -512,7 +518,7 @@ class SpectunePolicy:
         def finish(leader: Arm, draws: np.ndarray, names: list[str], why: str) -> Decision:
             # The search ends: the leader replaces the incumbent only when it is ahead of it
             # with confidence (_not_ahead); otherwise the incumbent stays.
-            held = _not_ahead(draws, names, leader, ctx)
+            held = _not_ahead(draws, names, leader, ctx) or _load_gap_refuted(history, leader)
             if held is not None:
                 return decision(DecisionKind.PROMOTE, ctx.incumbent, f"{why}; {held}")
             return decision(DecisionKind.PROMOTE, _with_schedule(ctx, history, leader), why)
@@ -668,6 +674,9 @@ class SpectunePolicy:
                     f"{leader.name} beats the incumbent: trying {sure.name} before promoting "
                     f"either ({_describe(sb, minimise, ctx)}; {_describe(lb, minimise, ctx)})",
                 )
+            refuted = _load_gap_refuted(history, leader) if confident else None
+            if refuted is not None:
+                return decision(DecisionKind.PROMOTE, ctx.incumbent, f"{why}, but {refuted}")
             if confident:
                 return Decision(
                     DecisionKind.PROMOTE,
@@ -985,6 +994,62 @@ def _not_ahead(draws: np.ndarray, names: list[str], leader: Arm, ctx: TuningCont
         f"{leader.name} is ahead of the incumbent {ctx.incumbent.name} with probability only "
         f"{ahead:.2f} (< {1 - ctx.delta:.2f}): keeping {ctx.incumbent.name}"
     )
+
+
+def _per_pod_rate(s: WindowStats | None, w: WindowRecord) -> float:
+    """Finished requests per pod per second of one group over a window (NaN if unknown)."""
+    span = w.end_s - w.start_s
+    if s is None or not s.pods or not span > 0 or not s.requests > 0:
+        return math.nan
+    return s.requests / s.pods / span
+
+
+def _across_gap(history: History, arm: str) -> bool:
+    """Whether every trial window of this epoch that measured ``arm``'s canary carried
+    another load per pod than the target's own (its last window alone before the trial):
+    outside :data:`~spectune.search.history.MATCHED_LOAD_BAND`. False without both."""
+    alone = history.baseline_windows()
+    rates: list[bool] = []
+    for t in history.in_epoch():
+        if t.arm != arm:
+            continue
+        before = [w for w in alone if w.end_s <= t.started_s + 1e-9] or list(alone)
+        if not before:
+            continue
+        own = _per_pod_rate(before[-1].incumbent, before[-1])
+        for w in t.windows:
+            rate = _per_pod_rate(w.canary, w)
+            if math.isfinite(rate) and math.isfinite(own) and own > 0:
+                rates.append(abs(rate / own - 1.0) > MATCHED_LOAD_BAND)
+    return bool(rates) and all(rates)
+
+
+def _load_gap_refuted(history: History, leader: Arm) -> str | None:
+    """Why ``leader`` is not promoted on trials at another per-pod load, or None.
+
+    A canary beside the target (one replica, an autoscaler, ``placement: beside``) serves
+    N/(N+c) of the target's per-pod load, and the model reads its lead across that gap:
+    close to capacity the gap decides (a queue grows without bound past it), and what an
+    arm shows at half the load says little of it at the whole. The verification measures
+    the promoted arm on the target at its own load; a rollback there is a direct
+    measurement that the lead read across the gap was wrong by more than its interval, so
+    for this epoch (one load) the transfer is refuted, not merely noisy: another arm
+    judged only across the same gap is held too, until a trial at the target's own load
+    (a matched window) or a new epoch measures it. Without a rollback the interval's
+    claim stands, and an arm with one matched window is judged on it.
+    """
+    if not _across_gap(history, leader.name):
+        return None
+    for epoch, arm, infeasible, _ in history.failures:
+        if epoch == history.epoch and not infeasible and _across_gap(history, arm):
+            return (
+                f"{arm}, promoted on trials beside the target at another load per pod, "
+                f"regressed at the target's own load and was rolled back: {leader.name}'s "
+                "lead, measured across the same gap, is not taken as the target's "
+                "(strategy inPlace, or a canary in the place of target pods, measures at "
+                "its load)"
+            )
+    return None
 
 
 def _leader(b: Beliefs, measured_only: bool) -> Arm | None:

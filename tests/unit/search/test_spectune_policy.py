@@ -938,15 +938,18 @@ def _hidden_tail_history(
     floor: float = 0.0,
     running: float = 4.0,
     fit: tuple[float, float, float] = (1.2, 1.17, 1.23),
+    step: float | None = None,
 ) -> tuple[History, TuningContext, Arm]:
     """eagle3/4 incumbent, off and eagle3/2 measured at 3–8 ms per token; eagle3/2 4 %
     slower on the mean. The histogram's p95 guess follows the mean (``fit``: it and its
-    interval, times the mean); ``running`` requests per pod."""
+    interval, times the mean); ``running`` requests per pod; ``step``: the engine step of
+    every window, as a multiple of its mean per-token latency (the output token rate is
+    set to give it by Little's law; None leaves the world's, a step far above any p95)."""
     world = WORLDS["chat: eagle3 wins at a small k"]
     inc, arm = parse_arm("eagle3/4"), parse_arm("eagle3/2")
     bound = 0.01 if bounded else math.nan
 
-    def stats(a: Arm, mean: float) -> WindowStats:
+    def plain(a: Arm, mean: float) -> WindowStats:
         counters = _varied_counters(a.k) if a.drafter else ()
         return replace(
             world.stats(a), objective=fit[0] * mean, objective_low=fit[1] * mean,
@@ -955,6 +958,12 @@ def _hidden_tail_history(
             k=len(counters), accepted_per_pos=counters, drafts=60_000.0 if counters else 0.0,
             mean_accepted_length=1 + sum(counters) / 60_000.0,
         )  # fmt: skip
+
+    def stats(a: Arm, mean: float) -> WindowStats:
+        s = plain(a, mean)
+        if step is None:
+            return s
+        return replace(s, tokens_per_s=s.running * s.mean_accepted_length * s.pods / (step * mean))
 
     history = History(baseline=((0, WindowRecord(0, 300, stats(inc, 0.00355), None, inc.name)),))
     off_trial = TrialRecord(OFF.name, inc.name, 0, 300.0).with_window(
@@ -991,6 +1000,24 @@ def test_a_p95_the_histogram_cannot_show_is_read_from_acceptance() -> None:
     history, ctx, arm = _hidden_tail_history(bounded=True, floor=0.009)
     d = SpectunePolicy().decide(ctx, history)
     assert d.estimates[arm.name].value == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_modelled_p95_never_exceeds_the_engine_step() -> None:
+    # The same hidden tails, on pods whose step (Little's law: running requests times
+    # tokens per step over the output token rate) is 1.2× the mean per-token latency: no
+    # request can be slower per token than the steps it ran in, so each p95 is capped
+    # there — at 1.2× its mean, not eagle3/4's 1.64× — and eagle3/2, 4 % slower on the
+    # mean, is no longer read as faster at the p95. It is not promoted.
+    history, ctx, arm = _hidden_tail_history(bounded=True, step=1.2)
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.estimates[arm.name].value == pytest.approx(0.0037 / 0.00355, rel=0.01)
+    assert d.arm != arm or d.kind is not DecisionKind.PROMOTE, d.reason
+    notes = build_beliefs(SPACE, history, ctx.incumbent, True, 0).notes
+    assert any("eagle3/2 at 1.20" in n and "eagle3/4 at 1.20" in n for n in notes), notes
+    # A step above the modelled p95s leaves them as acceptance gives them.
+    history, ctx, arm = _hidden_tail_history(bounded=True, step=2.0)
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.kind is DecisionKind.PROMOTE and d.arm == arm, d.reason
 
 
 def test_a_placed_p95_below_what_acceptance_gives_at_a_light_load_is_read_from_it() -> None:
@@ -1116,3 +1143,55 @@ def test_a_copy_ahead_with_confidence_is_promoted() -> None:
     world, space = _twin_world(0.9)
     arm, _, _ = run_policy(world, parse_arm("eagle3/1"), space=space)
     assert arm.name == "twin/1"
+
+
+def _after_a_rollback(rolled_back: bool, canary_requests: float) -> tuple[History, TuningContext]:
+    """eagle3/5 on one pod, 200 requests a window alone; off, eagle3/3 and ngram/8 tried
+    beside it at half that per pod, ngram/8 promoted (and, if ``rolled_back``, rolled
+    back); then ngram/4 tried with ``canary_requests`` per window on its pod."""
+    world = WORLDS["copy-heavy: ngram wins"]
+    inc, bad, arm = parse_arm("eagle3/5"), parse_arm("ngram/8"), parse_arm("ngram/4")
+
+    def stats(a: Arm, requests: float) -> WindowStats:
+        return replace(world.stats(a), requests=requests)
+
+    def trial(a: Arm, windows: tuple[float, ...], requests: float) -> TrialRecord:
+        t = TrialRecord(a.name, inc.name, 0, windows[0])
+        for s in windows:
+            beside = stats(inc, 100 if requests < 200 else 200)
+            t = t.with_window(WindowRecord(s, s + 300, beside, stats(a, requests), inc.name))
+        return t
+
+    h = History(baseline=((0, WindowRecord(0, 300, stats(inc, 200), None, inc.name)),))
+    h = h.add_trial(trial(OFF, (300.0,), 100).ended(Outcome.MEASURED, "next"))
+    h = h.add_trial(trial(parse_arm("eagle3/3"), (600.0,), 100).ended(Outcome.MEASURED, "next"))
+    h = h.add_trial(trial(bad, (900.0, 1200.0), 100).ended(Outcome.MEASURED, "promoted"))
+    h = h.promoted(bad.name)
+    if rolled_back:
+        h = h.failed(bad.name, False, "tpotP95 worse with confidence on the target")
+    h = h.add_baseline(WindowRecord(1500, 1800, stats(inc, 200), None, inc.name))
+    h = h.add_trial(trial(arm, (1900.0, 2380.0), canary_requests))
+    return h, TuningContext(SPACE, Objective(), inc, 2700.0, max_trials=12, seed=1)
+
+
+def test_a_rollback_refutes_leads_measured_at_another_load_per_pod() -> None:
+    # ngram/8 won its trials beside the target at half its per-pod load and regressed on
+    # the target at its own: ngram/4's lead, measured across the same gap, is not taken.
+    # The search ends on the incumbent and says why.
+    history, ctx = _after_a_rollback(rolled_back=True, canary_requests=100)
+    d = SpectunePolicy().decide(ctx, history)
+    assert (d.kind, d.arm, d.final) == (DecisionKind.PROMOTE, ctx.incumbent, True), d.reason
+    assert "ngram/8, promoted on trials beside the target at another load per pod" in d.reason
+    assert "strategy inPlace" in d.reason
+    # So does a search that ends on its trial budget with ngram/4 leading.
+    d = SpectunePolicy().decide(replace(ctx, max_trials=4), history)
+    assert (d.kind, d.arm) == (DecisionKind.PROMOTE, ctx.incumbent), d.reason
+    assert "trial budget of 4 spent" in d.reason and "rolled back" in d.reason
+    # Without the rollback the trials' lead stands.
+    history, ctx = _after_a_rollback(rolled_back=False, canary_requests=100)
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.kind is DecisionKind.PROMOTE and d.arm != ctx.incumbent, d.reason
+    # And a trial at the target's own per-pod load is judged on its lead.
+    history, ctx = _after_a_rollback(rolled_back=True, canary_requests=200)
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("ngram/4"), d.reason
