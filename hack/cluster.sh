@@ -41,6 +41,10 @@ goenv() {  # run go quietly niced, 2 parallel jobs, static binaries
   CGO_ENABLED=0 GOFLAGS="-buildvcs=false -p=${SPECTUNE_GO_JOBS:-2}" GOTOOLCHAIN=local nice -n 10 "$GO" "$@"
 }
 
+# A version check is `BINARY --version | grep PATTERN >/dev/null`, never `grep -q`: under
+# pipefail, grep -q exits at its first match, and a binary still printing its next line
+# (kubectl's Kustomize version, etcd's Git SHA) dies of SIGPIPE, failing a good build.
+
 # step NAME FUNC BINARY...: run FUNC unless the stamp for NAME matches and every BINARY exists;
 # print what is built and how long it took.
 step() {
@@ -74,7 +78,7 @@ build_etcd() {
   goenv mod tidy
   goenv build -trimpath -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3
   "$BIN/etcd" --version
-  "$BIN/etcd" --version | grep -q "etcd Version: ${ETCD_VERSION#v}"
+  "$BIN/etcd" --version | grep "etcd Version: ${ETCD_VERSION#v}" >/dev/null
 }
 
 gen_k8s_wrapper() {
@@ -122,10 +126,10 @@ build_k8s() {
   local b
   for b in kube-apiserver kube-controller-manager kube-scheduler; do
     "$BIN/$b" --version
-    "$BIN/$b" --version | grep -q "Kubernetes ${K8S_VERSION}\$"
+    "$BIN/$b" --version | grep "Kubernetes ${K8S_VERSION}\$" >/dev/null
   done
   "$BIN/kubectl" version --client
-  "$BIN/kubectl" version --client | grep -q "Client Version: ${K8S_VERSION}\$"
+  "$BIN/kubectl" version --client | grep "Client Version: ${K8S_VERSION}\$" >/dev/null
 }
 
 build_kwok() {
@@ -151,14 +155,14 @@ build_helm() {
     -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${minor}" \
     "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
   "$BIN/helm" version
-  "$BIN/helm" version | grep -q "${HELM_VERSION}"
+  "$BIN/helm" version | grep "${HELM_VERSION}" >/dev/null
 }
 
 build_actionlint() {
   GOBIN=$BIN goenv install -trimpath -ldflags "-s -w -X github.com/rhysd/actionlint.version=${ACTIONLINT_VERSION}" \
     "github.com/rhysd/actionlint/cmd/actionlint@${ACTIONLINT_VERSION}"
   "$BIN/actionlint" -version
-  "$BIN/actionlint" -version | grep -q "${ACTIONLINT_VERSION#v}"
+  "$BIN/actionlint" -version | grep "${ACTIONLINT_VERSION#v}" >/dev/null
 }
 
 cmd_build() {

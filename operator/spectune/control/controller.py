@@ -1085,8 +1085,8 @@ class Controller:
         )
         self._event(
             "PodRestarted",
-            f"deleted pod {pod} (P(L≥1) {p1} against {peers} on the pods started after it) so "
-            "that a fresh pod replaces it (retune.drift.podAction: restartPod)",
+            f"deleted pod {pod} (P(L≥1) {_share(p1)} against {_share(peers)} on the pods started "
+            "after it) so that a fresh pod replaces it (retune.drift.podAction: restartPod)",
         )
 
     def _reference_window(self) -> WindowRecord | None:
@@ -1151,6 +1151,11 @@ def _load(w: WindowRecord, shared: bool) -> tuple[float, float]:
     if span <= 0 or own is None:
         return math.nan, math.nan
     return sum(s.requests for s in groups) / span, own.running
+
+
+def _share(value: object) -> str:
+    """An acceptance from a finding's evidence as its message writes it (three decimals)."""
+    return f"{value:.3f}" if isinstance(value, int | float) else "unknown"
 
 
 def _first_position(s: WindowStats) -> float:

@@ -184,7 +184,9 @@ def test_restart_pod_deletes_exactly_the_decayed_pod_once_and_its_replacement_is
     steps(c, 8)
     assert fleet.deleted == ["pod-a"]
     (e,) = [e for e in events if e.reason == "PodRestarted"]
-    assert "pod-a" in e.message
+    assert "deleted pod pod-a (P(L≥1) 0.640 against 0.800 on the pods started after it)" in (
+        e.message
+    )
     assert c.state.pods_status == "True" and c.state.pods_reason == "AcceptanceEven"
 
 
