@@ -176,10 +176,9 @@ class ControllerState:
     back (None: no drafter found broken)."""
     drafter_reason: str | None = None
     drafter_message: str | None = None
-    decay_pod: str | None = None
-    """The pod whose acceptance fell below its younger peers' (``pod_decay``), worst first."""
-    decay_since_s: float | None = None
-    """Since when, without a window between that did not find it."""
+    decay_since: tuple[tuple[str, float], ...] = ()
+    """Each pod whose acceptance is below its younger peers' (``pod_decay``), worst first,
+    with since when it was found in every window."""
     decay_reported: str | None = None
     """The decayed pod the ``PodAcceptanceDecay`` event was posted for (once per pod)."""
     pod_restart_s: float | None = None
@@ -1012,23 +1011,30 @@ class Controller:
         obs = self.seen.get(Group.INCUMBENT)
         found = pod_decay(obs) if obs is not None else ()
         if not found:
-            if st.decay_pod is not None or st.pods_status == "False":
+            if st.decay_since or st.pods_status == "False":
                 self.state = replace(
                     st,
-                    decay_pod=None,
-                    decay_since_s=None,
+                    decay_since=(),
                     pods_status="True",
                     pods_reason="AcceptanceEven",
                     pods_message="no pod's acceptance is below that of the pods started after it",
                 )
             return
-        f = found[0]
-        pod = str(f.evidence["pod"])
-        since = st.decay_since_s if st.decay_pod == pod and st.decay_since_s is not None else None
-        since = w.start_s if since is None else since
-        self.state = replace(st, decay_pod=pod, decay_since_s=since)
-        if now - since < cfg.drift_for_s:
+        # Each pod keeps its own clock: where several pods decay (they all age), the worst
+        # of them changes from window to window, and one clock for "the worst" would start
+        # over at each change and never reach drift.for.
+        before = dict(st.decay_since)
+        clocks = tuple((str(f.evidence["pod"]), before.get(str(f.evidence["pod"]), w.start_s))
+                       for f in found)  # fmt: skip
+        self.state = replace(st, decay_since=clocks)
+        lasting = [
+            (f, since) for f, (_, since) in zip(found, clocks, strict=True)
+            if now - since >= cfg.drift_for_s
+        ]  # fmt: skip
+        if not lasting:
             return
+        f, since = lasting[0]
+        pod = str(f.evidence["pod"])
         lasted = f"{f.message}, for {cfg.in_pod_seconds(now - since):.0f}s"
         self.state = replace(
             self.state,
@@ -1079,8 +1085,7 @@ class Controller:
         self.state = replace(
             self.state,
             pod_restart_s=now,
-            decay_pod=None,
-            decay_since_s=None,
+            decay_since=tuple(c for c in self.state.decay_since if c[0] != pod),
             pods_message=f"restarted {pod}: {f.message}"[:1024],
         )
         self._event(

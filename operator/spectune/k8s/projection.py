@@ -164,6 +164,8 @@ def load_memory(raw: str | Mapping[str, Any] | None) -> Memory:
         v = raw[f.name]
         if f.name == "phase":
             values[f.name] = LoopPhase(v)
+        elif f.name == "decay_since":
+            values[f.name] = tuple((str(pod), float(at)) for pod, at in v or ())
         elif f.name in ("model_version", "routes") or f.type == "str | None":
             values[f.name] = None if v is None else str(v)
         elif f.type == "int | None":

@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass, field, replace
 
 from spectune.control.controller import Controller, Event, Phase, PodAction
+from spectune.k8s.projection import Memory, encode_memory, load_memory
 from spectune.metrics import Observation, PodCounts, SpecCounts
 from spectune.search.arms import Arm, parse_arm
 from spectune.search.history import Outcome
@@ -217,3 +218,19 @@ def test_two_decayed_pods_go_one_at_a_time_two_windows_apart() -> None:
     steps(c, 1)
     assert fleet.deleted == ["pod-a", "pod-b"]
     assert [e.reason for e in events].count("PodRestarted") == 2
+
+
+def test_pods_that_all_decay_are_reported_though_the_worst_changes_every_window() -> None:
+    # Every pod ages: pod-a and pod-b both sit below pod-c, and which of them is the worst
+    # changes from window to window. Each keeps its own clock, so drift.for (900 s) is
+    # reached and the decay is reported, not restarted from zero at every change.
+    fleet, c, events = converged()
+    for i in range(6):
+        fleet.acceptance["pod-a"], fleet.acceptance["pod-b"] = (0.7, 0.8) if i % 2 else (0.8, 0.7)
+        steps(c, 1)
+    assert [e.reason for e in events].count("PodAcceptanceDecay") >= 1
+    assert c.state.pods_status == "False"
+    assert {pod for pod, _ in c.state.decay_since} == {"pod-a", "pod-b"}
+    # The clocks survive an operator restart through the status memory.
+    memory = load_memory(encode_memory(Memory(c.history, c.state).to_json()))
+    assert memory.state.decay_since == c.state.decay_since
