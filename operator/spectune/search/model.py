@@ -328,6 +328,12 @@ class _Tails:
         the other side: a modelled p95 against the gamma fit's guess would compare two
         different things. A side the fit misread at a light load (:meth:`_misread`) is
         modelled beside a placed one: both are then the best reading there is of a p95.
+        A placed side beside a modelled one is read under the model's premise too: no
+        request slower per token than its steps (:func:`_within_step`), so its figure is
+        capped at its step. The model leaves the steps' own spread out (``off`` is read
+        at its mean); a placed p95 above the step holds that spread, or a fit that put a
+        tail where no request can be (one gamma over a fast and a slow mode of requests,
+        in buckets 10 ms wide), and would be set against a side that has none.
         """
         rc = self._ratio(can, can_arm) or self._misread(can, can_arm)
         ri = self._ratio(inc, inc_arm) or self._misread(inc, inc_arm)
@@ -343,7 +349,8 @@ class _Tails:
         values = []
         for s, r, name in ((can, rc, can_arm), (inc, ri, inc_arm)):
             if r is None:
-                values.append(s.objective)
+                step = step_time(s)
+                values.append(s.objective if math.isnan(step) else min(s.objective, step))
                 sides.append(_side_spread(s))
             else:
                 r = _within_step(s, r)

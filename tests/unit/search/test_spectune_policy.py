@@ -1195,3 +1195,46 @@ def test_a_rollback_refutes_leads_measured_at_another_load_per_pod() -> None:
     history, ctx = _after_a_rollback(rolled_back=True, canary_requests=200)
     d = SpectunePolicy().decide(ctx, history)
     assert d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("ngram/4"), d.reason
+
+
+def _off_hidden_beside_a_placed_incumbent(step: float) -> tuple[History, TuningContext]:
+    """eagle3/4 at 6 ms per token on average, its p95 placed by the histogram at 9.5 ms on
+    pods whose engine step is ``step`` seconds; off beside it at 7.6 ms, every request in
+    the histogram's first bucket (10 ms), so read at its mean."""
+    world = WORLDS["chat: eagle3 wins at a small k"]
+    inc = parse_arm("eagle3/4")
+
+    def stats(a: Arm, mean: float, p95: float, hidden: bool, step_s: float) -> WindowStats:
+        s = world.stats(a)
+        return replace(
+            s, objective=p95, objective_low=0.98 * p95, objective_high=1.02 * p95,
+            tpot_mean=mean, requests=300, running=2.0, pods=1,
+            tokens_per_s=2.0 * s.mean_accepted_length / step_s,
+            objective_bound=0.01 if hidden else math.nan,
+        )  # fmt: skip
+
+    def incumbent() -> WindowStats:
+        return stats(inc, 0.006, 0.0095, False, step)
+
+    history = History(baseline=((0, WindowRecord(0, 300, incumbent(), None, inc.name)),))
+    trial = TrialRecord(OFF.name, inc.name, 0, 300.0)
+    for start in (300.0, 780.0):
+        off = stats(OFF, 0.0076, 0.0079, True, 0.0076)
+        trial = trial.with_window(WindowRecord(start, start + 300, incumbent(), off, inc.name))
+    ctx = TuningContext(SPACE, Objective(), inc, 1100.0, max_trials=12, seed=1)
+    return history.add_trial(trial), ctx
+
+
+def test_a_placed_p95_beside_a_modelled_one_is_capped_at_its_step() -> None:
+    # off's hidden p95 is read at its mean: the model leaves the steps' own spread out.
+    # eagle3/4's placed 9.5 ms lies above its 7.6 ms step, where no request can be; set
+    # against off's reading it would credit off with 20 %. Read under the same premise,
+    # capped at the step, the two are level, and off is not promoted.
+    history, ctx = _off_hidden_beside_a_placed_incumbent(step=0.0076)
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.estimates[OFF.name].value == pytest.approx(1.0, abs=0.01)
+    assert not (d.kind is DecisionKind.PROMOTE and d.arm == OFF), d.reason
+    # A step above the placed p95 leaves it as the histogram placed it: off leads.
+    history, ctx = _off_hidden_beside_a_placed_incumbent(step=0.012)
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.estimates[OFF.name].value == pytest.approx(0.0076 / 0.0095, rel=0.01)
