@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.doccommands import commands_of
 from tests.fixtures.cluster import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,6 +164,19 @@ def test_up_tunes_the_example_and_down_stops_exactly_what_up_started(directory: 
     ).stdout.split()
     assert scraped and scraped <= set(pods), (scraped, pods)
 
+    # docs/try-it.md's status command, with up's exports
+    shown = subprocess.run(
+        [sys.executable, "-m", "spectune", "status", "llm/llama-70b"],
+        cwd=REPO,
+        env={**os.environ, "KUBECONFIG": env["KUBECONFIG"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert shown.returncode == 0 and "llm/llama-70b" in shown.stdout, shown.stderr
+    assert "Trials" in shown.stdout, shown.stdout
+
     again = playground("up", directory)
     assert again.returncode != 0 and "already up" in again.stderr, again.stderr
     assert json.loads((directory / "state.json").read_text())["processes"] == state["processes"]
@@ -178,6 +192,8 @@ def test_up_tunes_the_example_and_down_stops_exactly_what_up_started(directory: 
     assert not (directory / "state.json").exists() and not (directory / "cluster").exists()
     twice = playground("down", directory)
     assert twice.returncode == 0 and "nothing to do" in twice.stderr, twice.stderr
+    ran = {'eval "$(spectune playground up)"', "spectune status llm/llama-70b"}
+    assert set(commands_of("e2e")) == ran | {"spectune playground down"}
     print(f"playground up, tuning, down in {time.monotonic() - t0:.0f}s")
 
 

@@ -584,7 +584,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     u = sub.add_parser(
         "up",
         help="start it all; stdout: the export lines of its kubeconfig and tools",
-        description="Start the playground; print `export KUBECONFIG=... PATH=...` lines.",
+        description=(
+            "Start the playground in the background; print the `export KUBECONFIG=... "
+            "PATH=...` lines of its cluster on stdout, and what to run next on stderr. When "
+            "one is already up in DIR, say so and change nothing."
+        ),
+        epilog=examples(
+            'eval "$(spectune playground up)"',
+            "spectune playground up --time-scale 60 --dir /tmp/pg",
+        ),
+        formatter_class=HELP_FORMAT,
     )
     u.add_argument(
         "--time-scale",
@@ -595,7 +604,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "a 5 m window lasts 10 s)",
     )
     u.add_argument("--scenario", help=f"the pods' scenario (default: the bundled {SCENARIO})")
-    d = sub.add_parser("down", help="stop exactly what `up` started (nothing if none)")
+    d = sub.add_parser(
+        "down",
+        help="stop exactly what `up` started (nothing if none)",
+        description=(
+            "Stop the processes `up` recorded in DIR's state file (the operator, the simulated "
+            "pods, Prometheus) and its control plane; keep DIR/logs. Nothing to do is not an "
+            "error."
+        ),
+        epilog=examples("spectune playground down", "spectune playground down --dir /tmp/pg"),
+        formatter_class=HELP_FORMAT,
+    )
     for q in (u, d):
         q.add_argument(
             "--dir",
