@@ -9,6 +9,8 @@ split; a trailing ``# or: CMD`` comment is an alternative command) and keeps the
 * ``prometheus``: run against a real Prometheus scraping simulated vLLM pods by
   ``tests/integration/docs/test_doc_commands.py``;
 * ``cluster``: run against the real test API server (kwok runs the pods) by the same module;
+* ``e2e``: run by ``tests/e2e/test_playground.py`` (the playground of docs/try-it.md), which
+  checks that it ran every command of this tier;
 * ``ci``: run by ``.ci/run`` itself (``tests/unit/docs`` checks that it is).
 
 A command in the docs that is not in :data:`COVERAGE` fails ``tests/unit/docs`` with its text;
@@ -120,7 +122,7 @@ def all_commands() -> list[DocCommand]:
 class Coverage:
     """Which tier runs a command, and how (the variant, when not the exact text)."""
 
-    tier: str  # unit | prometheus | cluster | ci
+    tier: str  # unit | prometheus | cluster | e2e | ci
     how: str
 
 
@@ -231,6 +233,12 @@ COVERAGE: dict[str, Coverage] = {
         "cluster", _EXACT + "; the target keeps its setting"
     ),
     "helm uninstall spectune -n spectune-system": Coverage("cluster", _EXACT),
+    # --- the playground: tests/e2e/test_playground.py ------------------------------------------
+    'eval "$(spectune playground up)"': Coverage(
+        "e2e", "with --dir and --time-scale 60; its stdout is exactly the export lines it evals"
+    ),
+    "spectune status llm/llama-70b": Coverage("e2e", _EXACT + ", with up's KUBECONFIG"),
+    "spectune playground down": Coverage("e2e", "with --dir; every process and port is freed"),
     # --- .ci/run --------------------------------------------------------------------------------
     "python3 -m pip install -e '.[plot]'": Coverage(
         "ci", "hack/test.sh installs the checkout (-e, its test extra includes plot)"

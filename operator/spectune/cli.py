@@ -545,6 +545,7 @@ def _register_optional(sub: Any) -> None:
         "spectune.bench.command",
         "spectune.run",
         "spectune.demo",
+        "spectune.playground",
         "spectune.status_command",
     ):
         try:

@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import uuid
@@ -40,6 +39,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from spectune.playground import operator_command, service_account_kubeconfig
 from tests.fixtures.cluster import Cluster
 from tests.fixtures.prometheus import Prometheus, _spawn, _wait_ready, free_port
 from tests.fixtures.simpods import SimPods
@@ -213,23 +213,7 @@ def _kubeconfig_for(cluster: Cluster, namespace: str, sa: str, path: Path) -> Pa
             spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=7200)
         ),
     ).status.token
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    ctx = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
-    cl = next(c for c in admin["clusters"] if c["name"] == ctx["cluster"])
-    user = f"system:serviceaccount:{namespace}:{sa}"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "test", "cluster": cl["cluster"]}],
-                "users": [{"name": user, "user": {"token": token}}],
-                "contexts": [{"name": "operator", "context": {"cluster": "test", "user": user}}],
-                "current-context": "operator",
-            }
-        )
-    )
-    return path
+    return service_account_kubeconfig(cluster.kubeconfig, token, namespace, sa, path)
 
 
 @pytest.fixture(scope="module")
@@ -261,16 +245,13 @@ def install(
         dep = json.loads(cluster.kubectl("get", "deployment", "-n", system, "-o", "json").stdout)[
             "items"
         ][0]
-        pod = dep["spec"]["template"]["spec"]
-        (container,) = pod["containers"]
-        sa = pod["serviceAccountName"]
-        env = dict(os.environ)
-        env.update({e["name"]: e["value"] for e in container.get("env", [])})
+        argv, container_env, sa = operator_command(dep)
+        env = {**os.environ, **container_env}
         env["KUBECONFIG"] = str(_kubeconfig_for(cluster, system, sa, work / "kubeconfig"))
         log = work / "operator.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "spectune.run", *container.get("args", [])],
+                argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,

@@ -39,6 +39,7 @@ from spectune.bench.oracle import Oracle
 from spectune.bench.runner import bench_objective
 from spectune.bench.scoring import metric_value
 from spectune.k8s.projection import decode_memory
+from spectune.playground import target_deployment
 from spectune.search.arms import Arm, parse_arm
 from spectune.sim.scenario import Scenario, load_scenario
 from tests.e2e.conftest import TIME_SCALE, InjectableSimPods, Install
@@ -168,32 +169,7 @@ def arm_of_args(args: list[str]) -> str:
 
 
 def _deployment() -> dict[str, Any]:
-    labels = {"app": TARGET}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": TARGET, "annotations": {"spectune.io/model-version": "v1"}},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
-            },
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "vllm",
-                            "image": "vllm/vllm-openai:v0.11.0",
-                            "args": ["serve", MODEL, "--port", "8000"],
-                        }
-                    ]
-                },
-            },
-        },
-    }
+    return target_deployment(TARGET, MODEL)
 
 
 @pytest.fixture(scope="module")
