@@ -26,6 +26,12 @@ decays with its uptime (a ``pod_decay`` event) beside pods that hold theirs. A p
 and replaced by its ReplicaSet is a new pod with a new name, so its simulator starts afresh
 (uptime 0) with whatever ``scenario_of`` says for the new name. :attr:`SimPods.started`
 lists every pod given a simulator, in order, with the scenario it ran.
+
+On a shared clock (``shared_clock=True``, as the playground and the e2e tier run) the pods
+the harness follows are the pods behind one Service, the target's and its canaries': they
+split one arrival stream as a load balancer does (``sim serve --service``, see
+:mod:`spectune.sim.service`), so a canary takes its share of the offered load instead of
+adding a whole stream to it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,6 +51,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from spectune.sim.service import leave
 
 __all__ = ["SimPods", "TargetFiles", "TargetRegistry", "free_port", "main"]
 
@@ -127,6 +136,13 @@ class SimPods:
         namespace get the same requests at the same moment, as pods behind one Service
         do, and a canary is measured on the incumbent's traffic (``sim serve
         --clock-epoch``). Without it each pod serves the scenario from its own start."""
+        self.service_dir = workdir / f"service-{namespace}" if shared_clock else None
+        """With ``shared_clock``, the directory where the pods register as members of one
+        service and split its arrival stream (``sim serve --service``): the service's
+        offered load stays the scenario's however many pods serve it."""
+        if self.service_dir is not None:
+            # Members of an earlier run count on another clock: start the service empty.
+            shutil.rmtree(self.service_dir, ignore_errors=True)
         self.scenario_of = scenario_of
         """The scenario of the pod of that name (None: :attr:`scenario` for every pod)."""
         self.started: list[tuple[str, Path]] = []
@@ -266,6 +282,7 @@ class SimPods:
             "--time-scale",
             str(self.time_scale),
             *(["--clock-epoch", repr(self.clock_epoch)] if self.clock_epoch is not None else []),
+            *(["--service", str(self.service_dir)] if self.service_dir is not None else []),
             "--",
             *args,
         ]
@@ -291,6 +308,11 @@ class SimPods:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 os.killpg(sim.process.pid, signal.SIGKILL)
                 sim.process.wait(timeout=5)
+        if self.service_dir is not None and self.clock_epoch is not None:
+            # A simulator that crashed or was killed never announced its leave: the others
+            # take its share from now on (a leave it announced itself stands).
+            now_s = (time.time() - self.clock_epoch) * self.time_scale
+            leave(self.service_dir, f"127.0.0.1:{sim.port}", now_s)
 
     def running(self) -> dict[str, list[str]]:
         """Pod name → the args its simulator runs with."""

@@ -111,6 +111,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "as pods behind one Service do; a pod starts empty at the epoch's scaled age"
         ),
     )
+    serve.add_argument(
+        "--service",
+        metavar="DIR",
+        help=(
+            "a directory shared by the pods of one service (needs --clock-epoch): each pod "
+            "registers there and serves only its round-robin share of the service's one "
+            "arrival stream, so adding a pod splits the offered load instead of adding to it"
+        ),
+    )
     serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then the vLLM arguments")
     serve.set_defaults(func=serve_command)
 
@@ -242,6 +251,7 @@ def serve_command(ns: argparse.Namespace) -> int:
     from spectune.sim.fleet import Fleet
     from spectune.sim.scenario import load_scenario
     from spectune.sim.server import SimServer, arm_from_vllm_args, model_name_from_vllm_args
+    from spectune.sim.service import LEAD_WALL_S, Service
 
     scenario = load_scenario(Path(ns.scenario))
     vllm_args = list(ns.vllm_args)
@@ -262,6 +272,16 @@ def serve_command(ns: argparse.Namespace) -> int:
                 f"(now {now:.0f})"
             )
         start_s = max(0.0, (now - ns.clock_epoch) * ns.time_scale)
+    service: Service | None = None
+    if ns.service is not None:
+        # Pods split one stream only if they agree on its clock and on which stream it is.
+        if ns.clock_epoch is None:
+            raise SpecError("--service needs --clock-epoch: the pods of a service share a clock")
+        if ns.replicas != 1:
+            raise SpecError(
+                "--service splits the stream among the pods that join it; leave out --replicas"
+            )
+        service = Service(Path(ns.service))
     fleet = Fleet(
         scenario,
         seed=ns.seed,
@@ -272,18 +292,34 @@ def serve_command(ns: argparse.Namespace) -> int:
         model_name=model_name_from_vllm_args(vllm_args),
         epoch_s=now - start_s,
         start_s=start_s,
+        keep=None if service is None else service.keeps,
     )
     state = fleet.state(0)
     if state.failure is not None:
         # What a vLLM pod does when its KV pool cannot hold one sequence: die at start-up.
         print(f"ValueError: {state.failure}", file=sys.stderr)
         return 1
-    server = SimServer(fleet, time_scale=ns.time_scale, host=ns.host, port=ns.port)
-    signal.signal(signal.SIGTERM, lambda *_: server.stop())
-    signal.signal(signal.SIGINT, lambda *_: server.stop())
+    server = SimServer(fleet, time_scale=ns.time_scale, host=ns.host, port=ns.port, service=service)
+    lead_s = LEAD_WALL_S * ns.time_scale
+    if service is not None:
+        service.join(f"{ns.host}:{server.port}", server.sim_now() + lead_s)
+
+    def on_signal(*_: object) -> None:
+        if service is None or server.stopping:
+            server.stop()
+            return
+        # Announce the leave ahead, and serve this pod's share until then, so that each
+        # arrival of the service is served once while the others take over.
+        until = server.sim_now() + lead_s
+        service.leave(until)
+        server.stop(at_s=until)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     print(
         f"spectune sim serve: {scenario.name} replica {ns.replica_index}/{ns.replicas}, "
-        f"arm {arm}, {state.num_gpu_blocks} KV blocks, on http://{ns.host}:{server.port}",
+        f"arm {arm}, {state.num_gpu_blocks} KV blocks, on http://{ns.host}:{server.port}"
+        + (f", one pod of service {ns.service}" if service is not None else ""),
         file=sys.stderr,
         flush=True,
     )

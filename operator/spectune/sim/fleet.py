@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -214,6 +214,11 @@ class Fleet:
         events before it have taken effect, and from it on the requests are the ones a fleet
         started at 0 would get. ``sim serve --clock-epoch`` uses it so that pods started
         at different moments get the same requests at the same moment.
+    keep:
+        ``keep(index, arrival_s)``: whether this fleet serves arrival ``index`` of its
+        stream; the others are another pod's share. ``sim serve --service`` passes
+        :meth:`spectune.sim.service.Service.keeps`, so the pods of one service split one
+        stream as this class's balancer does, rather than each adding a whole stream.
     """
 
     def __init__(
@@ -229,6 +234,7 @@ class Fleet:
         epoch_s: float = 0.0,
         parked: Sequence[int] = (),
         start_s: float = 0.0,
+        keep: Callable[[int, float], bool] | None = None,
     ) -> None:
         n = replicas if replicas is not None else scenario.fleet.replicas
         if n < 1:
@@ -285,6 +291,7 @@ class Fleet:
         self._applied: list[AppliedEvent] = []
         self._starts: list[tuple[float, int]] = []
         self._route_names = [r.name for r in scenario.routes]
+        self._keep = keep
         if start_s < 0 or math.isinf(start_s):
             raise SpecError(f"a fleet starts at a finite time from 0 on, got {start_s}")
         self._skip_to(start_s)
@@ -469,7 +476,9 @@ class Fleet:
                 self._apply_event(upcoming)
                 self._next_event += 1
                 continue
-            self._dispatch(self._traffic.pop())
+            req = self._traffic.pop()
+            if self._keep is None or self._keep(req.id, req.arrival):
+                self._dispatch(req)
 
     # --- internals ------------------------------------------------------------------
 

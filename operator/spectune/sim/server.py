@@ -7,10 +7,17 @@ launches one process per pod and scrapes it like a real engine.
 
 It listens on loopback only: it is a stand-in for a pod, never a network service.
 
+With a :class:`~spectune.sim.service.Service` (``sim serve --service DIR``) the replica is
+one pod of a service: it draws the service's whole arrival stream on the shared clock and
+serves only its balancer share, re-reading the service's members before each advance, so
+adding a pod splits the load instead of adding to it. :meth:`SimServer.stop` with a time
+lets such a pod serve its share until its announced leave.
+
 Endpoints: ``GET /metrics`` (the engine's exposition page), ``GET /health``,
-``GET /sim/state`` (arm, phase, model version, simulated seconds, KV blocks, applied events)
-and ``POST /sim/events``, which applies one scenario event to the running replica now —
-a JSON object in the scenario format's ``events`` terms without ``at_s``, e.g.
+``GET /sim/state`` (arm, phase, model version, simulated seconds, KV blocks, applied events,
+the service's live members with ``--service``) and ``POST /sim/events``, which applies one
+scenario event to the running replica now — a JSON object in the scenario format's
+``events`` terms without ``at_s``, e.g.
 ``{"kind": "model_version", "version": "v1", "acceptance_scale": {"eagle3": 0.5}}`` (an
 acceptance drop; the scale is relative to the file's alphas and replaces an earlier one)
 or ``{"kind": "route_mix", "shares": {"chat": 0.3}}``, or ``{"kind": "drafter_broken",
@@ -32,6 +39,7 @@ from spectune.errors import SpecError
 from spectune.search.arms import Arm
 from spectune.sim.fleet import Fleet
 from spectune.sim.scenario import Scenario, injectable_event
+from spectune.sim.service import Service
 
 __all__ = ["SimServer", "arm_from_vllm_args", "model_name_from_vllm_args"]
 
@@ -116,7 +124,15 @@ def check_loopback(host: str) -> None:
 class SimServer:
     """A one-replica fleet advanced with the wall clock and served over HTTP."""
 
-    def __init__(self, fleet: Fleet, *, time_scale: float, host: str, port: int) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        *,
+        time_scale: float,
+        host: str,
+        port: int,
+        service: Service | None = None,
+    ) -> None:
         if time_scale <= 0:
             raise SpecError(f"--time-scale must be above 0, got {time_scale}")
         check_loopback(host)
@@ -124,6 +140,9 @@ class SimServer:
         self.time_scale = time_scale
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._stop_at: float | None = None
+        self.service = service
+        """The service this replica is one pod of (its fleet keeps only its share)."""
         self._t0 = time.monotonic()
         self._start_s = fleet.now  # a fleet started on a shared clock is already past 0
         server = self
@@ -160,17 +179,32 @@ class SimServer:
         try:
             while not self._stop.wait(tick_s):
                 self._catch_up()
+                if self._stop_at is not None and self.fleet.now >= self._stop_at:
+                    break
         finally:
             self._http.shutdown()
             self._http.server_close()
 
-    def stop(self) -> None:
-        """Ask :meth:`serve_forever` to return."""
-        self._stop.set()
+    def stop(self, at_s: float | None = None) -> None:
+        """Ask :meth:`serve_forever` to return: now, or once simulated time reaches ``at_s``
+        (a pod of a service serves its share until the leave it announced)."""
+        if at_s is None:
+            self._stop.set()
+        else:
+            self._stop_at = at_s
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop.is_set() or self._stop_at is not None
 
     def _catch_up(self) -> None:
         with self._lock:
             target = self.sim_now()
+            if self.service is not None:
+                # Read after fixing the target: a member announced before this moment is in
+                # the directory, and its join lies ahead of the target (service.LEAD_WALL_S).
+                self.service.refresh()
             if target > self.fleet.now:
                 self.fleet.advance(target)
 
@@ -193,6 +227,9 @@ class SimServer:
                         "model_version": self.fleet.model_version,
                         "sim_seconds": self.fleet.now,
                         "num_gpu_blocks": state.num_gpu_blocks,
+                        "service_members": None
+                        if self.service is None
+                        else [m.name for m in self.service.members if m.live_at(self.fleet.now)],
                         "events": [
                             {"at_s": e.at_s, "kind": e.kind, "detail": e.detail}
                             for e in self.fleet.applied_events
