@@ -409,8 +409,10 @@ CAN_I: list[tuple[str, str, str, bool, bool]] = [
     ("patch", "deployments.apps", "watched", True, True),
     ("delete", "deployments.apps", "watched", True, True),
     ("list", "pods", "watched", True, True),
-    # retune.drift.podAction: restartPod deletes one decayed pod at a time
-    ("delete", "pods", "watched", True, True),
+    # retune.drift.podAction: restartPod evicts one decayed pod at a time (the Eviction API,
+    # so PodDisruptionBudgets hold); a plain delete, which would skip them, is not granted
+    ("create", "pods/eviction", "watched", True, True),
+    ("delete", "pods", "watched", False, False),
     ("create", "events", "watched", True, True),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io", "cluster", True, True),
     # never: Secrets by default, other verbs, RBAC, the CRDs themselves
@@ -435,8 +437,9 @@ CAN_I: list[tuple[str, str, str, bool, bool]] = [
 def _can(cluster: Cluster, sa: str, verb: str, resource: str, where: str | None) -> bool:
     """``kubectl auth can-i`` as ``sa``; ``where``: a namespace, "all" (``-A``) or "cluster"."""
     args = ["auth", "can-i", verb]
-    if resource.endswith("/status"):
-        args += [resource.removesuffix("/status"), "--subresource=status"]
+    base, _, sub = resource.partition("/")
+    if sub in ("status", "eviction"):  # a subresource; "secrets/NAME" names one object
+        args += [base, f"--subresource={sub}"]
     else:
         args.append(resource)
     if where == "all":
