@@ -52,6 +52,8 @@ from typing import Any, cast
 
 import httpx
 
+from spectune.playground import target_deployment
+
 REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "crds" / "spectune.io_spectunings.yaml"
 TEMPLATE = REPO / "operator" / "spectune" / "examples" / "pages" / "vllm-eagle3-k7" / "after"
@@ -316,28 +318,7 @@ class Sampler:
 def deployment(name: str) -> dict[str, Any]:
     """A one-replica vLLM Deployment on EAGLE-3 k=7."""
     spec = json.dumps({"method": "eagle3", "model": EAGLE, "num_speculative_tokens": 7})
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "annotations": {"spectune.io/model-version": "v1"}},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "vllm",
-                            "image": "vllm/vllm-openai:v0.11.0",
-                            "args": ["serve", MODEL, "--speculative-config", spec],
-                        }
-                    ]
-                },
-            },
-        },
-    }
+    return target_deployment(name, args=["serve", MODEL, "--speculative-config", spec])
 
 
 def spectuning(name: str, mode: str, window_s: int, prom_url: str) -> dict[str, Any]:

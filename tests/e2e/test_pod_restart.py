@@ -242,7 +242,7 @@ def test_a_decayed_pod_is_reported_deleted_once_and_its_replacement_is_back(
         return found[0] if found else None
 
     event = wait_for(restarted, timeout=120, message=lambda: f"a PodRestarted; {world.why()}")
-    assert f"deleted pod {first} " in event["message"], event
+    assert f"evicted pod {first} " in event["message"], event
     wait_for(
         lambda: first not in _pods(world) and len(world.sims.started) == 3,
         timeout=90,

@@ -744,9 +744,10 @@ class DriftSpec(ApiModel):
         description=(
             "What a pod whose first-position acceptance fell below that of the pods started "
             "after it (POD_ACCEPTANCE_DECAY), for `for`, gets. alert: an event and the "
-            "PodsHoldAcceptance condition; restartPod: also delete that pod so its "
-            "Deployment replaces it, one pod at a time and two windows apart, never while a "
-            "trial or a verification runs, and only while minReadyPods other pods stay Ready. "
+            "PodsHoldAcceptance condition; restartPod: also evict that pod (Eviction API: "
+            "its PodDisruptionBudgets hold) so its Deployment replaces it, one pod at a time "
+            "and two windows apart, never while a trial or a verification runs, and only "
+            "while minReadyPods other pods stay Ready. "
             "Default alert."
         ),
     )
@@ -755,7 +756,7 @@ class DriftSpec(ApiModel):
         ge=1,
         le=1000,
         description=(
-            "With podAction restartPod: Ready pods of the target, besides the one deleted, "
+            "With podAction restartPod: Ready pods of the target, besides the one evicted, "
             "that must keep serving while it restarts, a count. Default 1."
         ),
     )

@@ -528,10 +528,12 @@ class SimPods:
             if stage.role(i) is Group.INCUMBENT and stage.fleet.state(i).phase is Phase.SERVING
         ]
 
-    async def delete(self, pod: str) -> None:
-        """Restart the replica that runs ``pod`` on its arm; an unknown pod is no error."""
+    async def evict(self, pod: str) -> str | None:
+        """Restart the replica that runs ``pod`` on its arm; an unknown pod is no error (the
+        simulator has no disruption budget)."""
         stage = self.stage
         for i in range(stage.fleet.size):
             if stage.pod(i) == pod and stage.fleet.state(i).phase is Phase.SERVING:
                 stage.restart(i)
-                return
+                return None
+        return None

@@ -1049,7 +1049,9 @@ class Controller:
             await self._restart_pod(dep, pod, f)
 
     async def _restart_pod(self, dep: Deployment, pod: str, f: Finding) -> None:
-        """Delete the decayed ``pod`` when every condition of :meth:`_pod_decay` holds."""
+        """Evict the decayed ``pod`` when every condition of :meth:`_pod_decay` holds and no
+        PodDisruptionBudget refuses it (then the restart is held, as for a trial, and tried
+        again on a later window)."""
         st, cfg, now = self.state, self.config, self.clock.now()
         held: str | None = None
         if self.pods is None:
@@ -1080,7 +1082,13 @@ class Controller:
             )
             return
         assert self.pods is not None
-        await self.pods.delete(pod)
+        refused = await self.pods.evict(pod)
+        if refused is not None:
+            self.state = replace(
+                self.state,
+                pods_message=f"{st.pods_message or f.message}; restart held: {refused}"[:1024],
+            )
+            return
         p1, peers = f.evidence.get("p_len_ge_1"), f.evidence.get("peers_p_len_ge_1")
         self.state = replace(
             self.state,
@@ -1090,7 +1098,7 @@ class Controller:
         )
         self._event(
             "PodRestarted",
-            f"deleted pod {pod} (P(L≥1) {_share(p1)} against {_share(peers)} on the pods started "
+            f"evicted pod {pod} (P(L≥1) {_share(p1)} against {_share(peers)} on the pods started "
             "after it) so that a fresh pod replaces it (retune.drift.podAction: restartPod)",
         )
 

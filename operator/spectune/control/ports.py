@@ -130,8 +130,14 @@ class Pods(Protocol):
         """The names of the target's pods that are Ready and not being deleted."""
         ...
 
-    async def delete(self, pod: str) -> None:
-        """Delete one pod of the target; its controller (the ReplicaSet) replaces it."""
+    async def evict(self, pod: str) -> str | None:
+        """Evict one pod of the target (its controller, the ReplicaSet, replaces it).
+
+        Returns None once the pod is evicted (or already gone), else why the cluster refused:
+        a PodDisruptionBudget that allows no disruption now. Eviction, not deletion, so the
+        restart counts against the budgets the user set for voluntary disruptions, as a
+        ``kubectl drain`` does.
+        """
         ...
 
 

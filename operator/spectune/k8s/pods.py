@@ -11,6 +11,7 @@ collector): the pod's ``status.startTime``. Both are what per-pod decay
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -77,14 +78,33 @@ class TargetPods:
         """Each of the target's pods' start time, Unix seconds."""
         return start_times(await self._list())
 
-    async def delete(self, pod: str) -> None:
-        """Delete one pod (its ReplicaSet replaces it); one already gone is no error."""
+    async def evict(self, pod: str) -> str | None:
+        """Evict one pod through the Eviction API (its ReplicaSet replaces it), so the
+        PodDisruptionBudgets that cover it are honoured; one already gone is no error.
+
+        The API server answers 429 when a budget allows no disruption now: that is returned
+        as the reason, and the pod is left as it is.
+        """
+        body = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=pod, namespace=self._ns))
         try:
-            await asyncio.to_thread(self._core.delete_namespaced_pod, pod, self._ns)
+            await asyncio.to_thread(self._core.create_namespaced_pod_eviction, pod, self._ns, body)
         except ApiException as exc:
             if exc.status == 404:
-                return
-            raise api_error(exc, f"delete pod {self._ns}/{pod}") from None
+                return None
+            if exc.status == 429:
+                return f"a PodDisruptionBudget allows no disruption of {pod} now ({_reason(exc)})"
+            raise api_error(exc, f"evict pod {self._ns}/{pod}") from None
+        return None
+
+
+def _reason(exc: ApiException) -> str:
+    """The message of an API error's Status body, else its reason phrase."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or exc.reason or exc.status)
 
 
 class PodStarts:

@@ -64,13 +64,27 @@ class PlaygroundError(SpecTuneError):
     """A step of ``playground up`` failed (the message names it), or a checkout is missing."""
 
 
-def target_deployment(name: str = TARGET, model: str = MODEL) -> dict[str, Any]:
-    """A vLLM Deployment of one replica, as ``examples/spectuning.yaml`` expects it."""
+def target_deployment(
+    name: str = TARGET,
+    model: str = MODEL,
+    *,
+    args: list[str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A vLLM Deployment of one replica (surge 1), as ``examples/spectuning.yaml`` expects it.
+
+    ``args`` default to serving ``model`` on port 8000, ``annotations`` to model version v1;
+    the test tiers and the scale benchmark build their targets here too.
+    """
     labels = {"app": name}
+    if args is None:
+        args = ["serve", model, "--port", "8000"]
+    if annotations is None:
+        annotations = {"spectune.io/model-version": "v1"}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "annotations": {"spectune.io/model-version": "v1"}},
+        "metadata": {"name": name, "annotations": annotations},
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": labels},
@@ -85,7 +99,7 @@ def target_deployment(name: str = TARGET, model: str = MODEL) -> dict[str, Any]:
                         {
                             "name": "vllm",
                             "image": "vllm/vllm-openai:v0.11.0",
-                            "args": ["serve", model, "--port", "8000"],
+                            "args": args,
                         }
                     ]
                 },

@@ -163,3 +163,62 @@ def test_deleting_owner_garbage_collects_dependents(cluster: Cluster, namespace:
         return not rs and not pods
 
     wait_for(all_gone, timeout=90, message="Deployment gc, its ReplicaSet and Pods to be deleted")
+
+
+def test_restart_pod_evicts_through_the_api_and_a_disruption_budget_holds_it(
+    cluster: Cluster, namespace: str
+) -> None:
+    """``retune.drift.podAction: restartPod`` goes through the Eviction API: a
+    PodDisruptionBudget that allows no disruption (computed by the real disruption
+    controller) refuses it and the pod stays; with room in the budget the pod is evicted and
+    the ReplicaSet replaces it."""
+    import asyncio
+
+    from spectune.k8s.pods import TargetPods
+
+    apps = client.AppsV1Api(cluster.api)
+    core = client.CoreV1Api(cluster.api)
+    policy = client.PolicyV1Api(cluster.api)
+    apps.create_namespaced_deployment(namespace, _deployment("decay", 2, "v1"))
+    wait_for(lambda: _rolled_out(apps, namespace, "decay", 2), timeout=90, message="rolled out")
+
+    async def listed() -> list[dict[str, object]]:
+        pods = core.list_namespaced_pod(namespace, label_selector="app=decay").items
+        return [cluster.api.sanitize_for_serialization(p) for p in pods]
+
+    pods = TargetPods(cluster.api, namespace, listed)
+    budget = client.V1PodDisruptionBudget(
+        metadata=client.V1ObjectMeta(name="decay"),
+        spec=client.V1PodDisruptionBudgetSpec(
+            min_available=2, selector=client.V1LabelSelector(match_labels={"app": "decay"})
+        ),
+    )
+    policy.create_namespaced_pod_disruption_budget(namespace, budget)
+
+    def budget() -> client.V1PodDisruptionBudgetStatus:
+        return policy.read_namespaced_pod_disruption_budget("decay", namespace).status
+
+    wait_for(
+        lambda: budget().expected_pods == 2, timeout=60, message="the disruption controller ran"
+    )
+    first = sorted(p.metadata.name for p in _ready_pods(core, namespace, "decay"))[0]
+    refused = asyncio.run(pods.evict(first))
+    assert refused is not None and "PodDisruptionBudget" in refused, refused
+    assert core.read_namespaced_pod(first, namespace).metadata.deletion_timestamp is None
+
+    policy.patch_namespaced_pod_disruption_budget("decay", namespace, {"spec": {"minAvailable": 1}})
+    wait_for(
+        lambda: budget().disruptions_allowed == 1,
+        timeout=60,
+        message="the budget allows one disruption",
+    )
+    assert asyncio.run(pods.evict(first)) is None
+    wait_for(
+        lambda: (
+            first not in {p.metadata.name for p in _ready_pods(core, namespace, "decay")}
+            and len(_ready_pods(core, namespace, "decay")) == 2
+        ),
+        timeout=90,
+        message="the evicted pod replaced",
+    )
+    assert asyncio.run(pods.evict(first)) is None  # already gone: no error

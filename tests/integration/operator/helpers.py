@@ -18,6 +18,7 @@ from kubernetes import client
 
 from spectune.api.names import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from spectune.engines.args import parse_vllm_args
+from spectune.playground import target_deployment
 from spectune.search.arms import Arm
 from tests.fixtures.cluster import Cluster, wait_for
 from tests.fixtures.simpods import SimPods
@@ -29,29 +30,8 @@ EAGLE = "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"
 
 
 def deployment(args: list[str], name: str = TARGET) -> dict[str, Any]:
-    """A vLLM-like Deployment running ``args`` (one replica, surge 1)."""
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
-            },
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "containers": [
-                        {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": args}
-                    ]
-                },
-            },
-        },
-    }
+    """A vLLM-like Deployment running ``args`` (one replica, surge 1, no annotations)."""
+    return target_deployment(name, args=args, annotations={})
 
 
 def spectuning(prom_url: str, name: str = "tune", **spec: Any) -> dict[str, Any]:

@@ -99,14 +99,16 @@ def test_a_broken_drafter_on_the_target_ends_a_running_trial_first() -> None:
 @dataclass
 class AgeingFleet(BreakingFleet):
     """The FAKE fleet with several target pods, each with its own acceptance and start time,
-    and the ``Pods`` port: a deleted pod is replaced by a new one, started now, at the level
-    of the arm (``acceptance`` is per pod: 1.0 at the arm's level)."""
+    and the ``Pods`` port: an evicted pod is replaced by a new one, started now, at the level
+    of the arm (``acceptance`` is per pod: 1.0 at the arm's level). While ``budget_refuses``
+    is set, eviction is refused as a PodDisruptionBudget allowing no disruption refuses it."""
 
     acceptance: dict[str, float] = field(default_factory=dict)
     started: dict[str, float] = field(default_factory=dict)
     deleted: list[str] = field(default_factory=list)
     not_ready: set[str] = field(default_factory=set)
     generation: int = 0
+    budget_refuses: bool = False
 
     def __post_init__(self) -> None:
         for i, name in enumerate(("pod-a", "pod-b", "pod-c")):
@@ -128,12 +130,15 @@ class AgeingFleet(BreakingFleet):
     async def ready(self) -> list[str]:
         return [p for p in self.acceptance if p not in self.not_ready]
 
-    async def delete(self, pod: str) -> None:
+    async def evict(self, pod: str) -> str | None:
+        if self.budget_refuses:
+            return f"a PodDisruptionBudget allows no disruption of {pod} now"
         self.deleted.append(pod)
         del self.acceptance[pod], self.started[pod]
         self.generation += 1
         fresh = f"pod-new{self.generation}"
         self.acceptance[fresh], self.started[fresh] = 1.0, self.clock.t
+        return None
 
 
 def converged(**cfg: object) -> tuple[AgeingFleet, Controller, list[Event]]:
@@ -185,10 +190,25 @@ def test_restart_pod_deletes_exactly_the_decayed_pod_once_and_its_replacement_is
     steps(c, 8)
     assert fleet.deleted == ["pod-a"]
     (e,) = [e for e in events if e.reason == "PodRestarted"]
-    assert "deleted pod pod-a (P(L≥1) 0.640 against 0.800 on the pods started after it)" in (
+    assert "evicted pod pod-a (P(L≥1) 0.640 against 0.800 on the pods started after it)" in (
         e.message
     )
     assert c.state.pods_status == "True" and c.state.pods_reason == "AcceptanceEven"
+
+
+def test_a_disruption_budget_that_refuses_the_eviction_holds_the_restart_until_it_allows() -> None:
+    fleet, c, events = converged(pod_action=PodAction.RESTART_POD)
+    fleet.budget_refuses = True
+    fleet.acceptance["pod-a"] = 0.8
+    steps(c, 6)
+    assert not fleet.deleted and not [e for e in events if e.reason == "PodRestarted"]
+    assert c.state.pods_message is not None
+    assert "restart held: a PodDisruptionBudget allows no disruption of pod-a now" in (
+        c.state.pods_message
+    )
+    fleet.budget_refuses = False
+    steps(c, 2)
+    assert fleet.deleted == ["pod-a"]
 
 
 def test_a_restart_waits_for_enough_ready_pods_and_never_runs_beside_a_trial() -> None:
