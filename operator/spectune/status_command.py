@@ -203,7 +203,12 @@ def view(body: Mapping[str, Any], draft_cost: float = DEFAULT_DRAFT_COST) -> dic
         "ready": next((c for c in conditions if c["type"] == "Ready"), None),
         "applied": None
         if applied is None
-        else {"arm": applied.arm, "k": applied.k, "speedup": _num(applied.speedup)},
+        else {
+            "arm": applied.arm,
+            "k": applied.k,
+            "speedup": _num(applied.speedup),
+            "adaptive": applied.adaptive,
+        },
         "recommendation": None
         if rec is None
         else {
@@ -274,6 +279,8 @@ def render(v: Mapping[str, Any]) -> RenderableType:
             else f"speedup {_x(app['speedup'])} (measured)"
         ),
     )
+    if app is not None and app.get("adaptive"):
+        head.add_row("Adaptive", str(app["adaptive"]))
     if rec is not None:
         span = rec["interval"]
         ci = f" [{span[0]:.2f}, {span[1]:.2f}]" if span else ""

@@ -15,6 +15,9 @@ and incumbent share the traffic.
 from __future__ import annotations
 
 from spectune.api.spec import (
+    AdaptiveArm,
+    AdaptiveMode,
+    Drafter,
     DriftAction,
     Engine,
     ObjectiveMetric,
@@ -22,11 +25,15 @@ from spectune.api.spec import (
     Schedule,
     SpecTuningSpec,
     Strategy,
+    TiersStrategy,
+    engine_mismatch,
 )
 from spectune.control.controller import ControllerConfig
 from spectune.control.controller import DriftAction as LoopDriftAction
 from spectune.control.controller import PodAction as LoopPodAction
 from spectune.durations import parse_duration
+from spectune.errors import SpecError
+from spectune.search.arms import SGLANG_STRATEGIES, Arm
 from spectune.search.objective import Guardrails, Metric, Objective
 from spectune.search.policy import DrafterSpec, SearchSpace
 
@@ -43,6 +50,11 @@ _DRIFT_ACTIONS = {
     DriftAction.ALERT: LoopDriftAction.ALERT,
     DriftAction.RETUNE: LoopDriftAction.RETUNE,
 }
+# SGLang's strategy names (search/arms.py); acceptLength is its default, spelled as none.
+_STRATEGIES = {
+    TiersStrategy.ACCEPT_LENGTH: None,
+    TiersStrategy.THROUGHPUT_AWARE: SGLANG_STRATEGIES[1],
+}
 _POD_ACTIONS = {
     PodAction.ALERT: LoopPodAction.ALERT,
     PodAction.RESTART_POD: LoopPodAction.RESTART_POD,
@@ -57,13 +69,28 @@ def to_search_space(spec: SpecTuningSpec, engine: Engine | None = None) -> Searc
     vLLM is assumed.
     """
     chosen = spec.engine or engine or Engine.VLLM
+    if problem := engine_mismatch(spec, chosen):
+        field, reason = problem
+        raise SpecError(f"spec.{field}: {reason} (detected from the target's command)")
     drafters = tuple(DrafterSpec(d.name, d.method.value, d.max_k) for d in spec.drafters)
     return SearchSpace(
         drafters=drafters,
         allow_off=spec.allow_off,
         per_position=chosen is Engine.VLLM,
         schedules=chosen is Engine.VLLM and spec.search.schedule is Schedule.AUTO,
+        adaptive=tuple(_adaptive_arm(d, a) for d in spec.drafters for a in d.adaptive),
     )
+
+
+def _adaptive_arm(drafter: Drafter, a: AdaptiveArm) -> Arm:
+    """The search's arm for one listed adaptive mode of ``drafter``."""
+    if a.mode is AdaptiveMode.BATCH_TABLE:
+        return Arm.scheduled(drafter.name, a.rows())
+    if a.mode is AdaptiveMode.VERIFY:
+        k = a.max_k if a.max_k is not None else drafter.max_k
+        return Arm.verifying(drafter.name, k, a.rows())
+    strategy = _STRATEGIES[a.strategy or TiersStrategy.ACCEPT_LENGTH]
+    return Arm.tiered(drafter.name, a.tiers, strategy)
 
 
 def to_objective(spec: SpecTuningSpec) -> Objective:

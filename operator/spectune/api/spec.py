@@ -40,10 +40,14 @@ from spectune.selectors import (
 )
 
 __all__ = [
+    "ADAPTIVE_METHODS",
     "MAX_NAME",
     "MIN_WINDOW_S",
     "MODEL_METHODS",
     "NO_MODEL_METHODS",
+    "AdaptiveArm",
+    "AdaptiveMode",
+    "BatchRange",
     "CaSecretRef",
     "Drafter",
     "DriftAction",
@@ -69,8 +73,10 @@ __all__ = [
     "Strategy",
     "SwitchbackSpec",
     "TargetRef",
+    "TiersStrategy",
     "TrafficMix",
     "TrustRemoteCode",
+    "engine_mismatch",
     "parse_spec",
 ]
 
@@ -129,10 +135,53 @@ MODEL_METHODS = frozenset(
 """Methods that need draft weights (``model``): vLLM refuses them without."""
 NO_MODEL_METHODS = frozenset({Method.NGRAM, Method.SUFFIX})
 """Methods that draft from the text itself and take no ``model``."""
+_VERIFY_METHODS = frozenset({Method.DSPARK, Method.MTP, Method.EAGLE3, Method.DFLASH})
+_TIERS_METHODS = frozenset({Method.EAGLE, Method.EAGLE3})
 
 
 def _cel_list(methods: frozenset[Method]) -> str:
     return "[" + ", ".join(f"'{m.value}'" for m in sorted(methods)) + "]"
+
+
+class AdaptiveMode(enum.StrEnum):
+    """An in-engine adaptive mode a drafter can run as one arm (``drafters[].adaptive``)."""
+
+    BATCH_TABLE = "batchTable"
+    VERIFY = "verify"
+    TIERS = "tiers"
+
+    @property
+    def engine(self) -> Engine:
+        """The one engine that has the mode."""
+        return Engine.SGLANG if self is AdaptiveMode.TIERS else Engine.VLLM
+
+    @property
+    def what(self) -> str:
+        """The engine setting the mode is, for messages."""
+        return {
+            AdaptiveMode.BATCH_TABLE: "vLLM's num_speculative_tokens_per_batch_size",
+            AdaptiveMode.VERIFY: "vLLM's adaptive_verification",
+            AdaptiveMode.TIERS: "SGLang's --speculative-adaptive",
+        }[self]
+
+
+ADAPTIVE_METHODS: Mapping[AdaptiveMode, frozenset[Method] | None] = {
+    # Dynamic SD: vLLM documents it as tested with eagle, eagle3 and dflash and refuses no
+    # method, so neither does spectune.
+    AdaptiveMode.BATCH_TABLE: None,
+    # DSpark's confidence head, generalised to MTP, EAGLE-3 and DFlash by vllm#52228.
+    AdaptiveMode.VERIFY: _VERIFY_METHODS,
+    # SGLang runs it with EAGLE and EAGLE3 (topk 1) only (reference/engines.md §2.4).
+    AdaptiveMode.TIERS: _TIERS_METHODS,
+}
+"""The methods each adaptive mode runs with (``None``: any)."""
+
+
+class TiersStrategy(enum.StrEnum):
+    """How SGLang's ``--speculative-adaptive`` picks a tier."""
+
+    ACCEPT_LENGTH = "acceptLength"
+    THROUGHPUT_AWARE = "throughputAware"
 
 
 class Strategy(enum.StrEnum):
@@ -443,6 +492,175 @@ class MetricsSpec(ApiModel):
         return self
 
 
+MAX_RANGES = 16
+MAX_ADAPTIVE = 8
+MAX_BATCH = 65536
+_DEFAULT_STEPS = (1, 3, 7)  # SGLang's candidate_steps default (reference/engines.md §2.4)
+
+
+class BatchRange(ApiModel):
+    """One row of an adaptive table: the draft length for a range of running batch sizes."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.minBatch <= self.maxBatch",
+                    "message": "must not exceed maxBatch",
+                    "fieldPath": ".minBatch",
+                }
+            ]
+        }
+    )
+
+    min_batch: int = Field(
+        ge=1, le=MAX_BATCH, description="Smallest running batch size of the range. Required."
+    )
+    max_batch: int = Field(
+        ge=1,
+        le=MAX_BATCH,
+        description="Largest running batch size of the range, at least minBatch. Required.",
+    )
+    k: int = Field(
+        ge=0,
+        le=MAX_K,
+        description=(
+            "batchTable: the draft length in the range (0: no drafts); verify: optimal_K, the "
+            "mean drafted tokens verified per request. Tokens. Required."
+        ),
+    )
+
+
+_TABLE_MODES = f"self.mode in ['{AdaptiveMode.BATCH_TABLE}', '{AdaptiveMode.VERIFY}']"
+
+
+class AdaptiveArm(ApiModel):
+    """One in-engine adaptive mode of a drafter, tried as one arm beside its fixed k."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"!({_TABLE_MODES}) || has(self.table)",
+                    "messageExpression": "'required for mode ' + self.mode",
+                    "fieldPath": ".table",
+                    "reason": "FieldValueRequired",
+                },
+                {
+                    "rule": f"{_TABLE_MODES} || !has(self.table)",
+                    "message": "mode tiers takes steps, not a table",
+                    "fieldPath": ".table",
+                },
+                {
+                    "rule": f"self.mode == '{AdaptiveMode.VERIFY}' || !has(self.maxK)",
+                    "message": "maxK applies to mode verify only",
+                    "fieldPath": ".maxK",
+                },
+                {
+                    "rule": f"self.mode == '{AdaptiveMode.TIERS}' || "
+                    "(!has(self.steps) && !has(self.strategy))",
+                    "message": "steps and strategy apply to mode tiers only",
+                    "fieldPath": ".mode",
+                },
+            ]
+        }
+    )
+
+    mode: AdaptiveMode = Field(
+        description=(
+            "batchTable: vLLM Dynamic SD (num_speculative_tokens_per_batch_size: k by running "
+            "batch size, from table); verify: vLLM adaptive verification (adaptive_verification "
+            "with table as optimal_K per batch size; methods dspark, mtp, eagle3, dflash); "
+            "tiers: SGLang --speculative-adaptive over steps (methods eagle, eagle3). Required."
+        )
+    )
+    table: tuple[BatchRange, ...] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_RANGES,
+        description=(
+            "batchTable and verify: the rows, in ascending batch sizes and not overlapping; "
+            "outside them vLLM uses num_speculative_tokens. At most 16. Required for those "
+            "modes."
+        ),
+    )
+    max_k: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_K,
+        description=(
+            "verify only: the most one request drafts (num_speculative_tokens), at least the "
+            "table's largest k, tokens. Unset: the drafter's maxK."
+        ),
+    )
+    steps: (
+        tuple[
+            Annotated[int, Field(ge=1, le=MAX_K, description="A tier: draft steps, tokens.")], ...
+        ]
+        | None
+    ) = Field(
+        None,
+        min_length=1,
+        max_length=8,
+        description=(
+            "tiers only: SGLang's candidate_steps, ascending and distinct, tokens. "
+            "Unset: [1, 3, 7]."
+        ),
+    )
+    strategy: TiersStrategy | None = Field(
+        None,
+        description=(
+            "tiers only: acceptLength (the tier follows the running accept length; SGLang's "
+            "default) or throughputAware (--speculative-adaptive-strategy=throughput_aware). "
+            "Unset: acceptLength."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> AdaptiveArm:
+        mode = self.mode
+        if mode is AdaptiveMode.TIERS:
+            if self.table is not None:
+                raise field_error("table", "mode tiers takes steps, not a table")
+            steps = list(self.steps or ())
+            if steps != sorted(set(steps)):
+                raise field_error(
+                    "steps", f"{steps} must be ascending and distinct, e.g. [1, 3, 7]"
+                )
+            return self
+        if self.steps is not None or self.strategy is not None:
+            raise field_error("mode", "steps and strategy apply to mode tiers only")
+        if mode is not AdaptiveMode.VERIFY and self.max_k is not None:
+            raise field_error("maxK", "maxK applies to mode verify only")
+        if self.table is None:
+            raise field_error("table", f"required for mode {mode.value}")
+        previous = 0
+        for i, row in enumerate(self.table):
+            if row.min_batch > row.max_batch:
+                raise field_error(f"table[{i}].minBatch", "must not exceed maxBatch")
+            if row.min_batch <= previous:
+                raise field_error(
+                    f"table[{i}].minBatch",
+                    f"{row.min_batch} is not above the previous row's maxBatch ({previous}): "
+                    "list the rows in ascending batch sizes, without overlap",
+                )
+            previous = row.max_batch
+        if max(row.k for row in self.table) < 1:
+            raise field_error(
+                "table", "every k is 0 (no drafts at any batch size); allowOff covers that"
+            )
+        return self
+
+    @property
+    def tiers(self) -> tuple[int, ...]:
+        """The candidate steps (tiers only), SGLang's default when unset."""
+        return self.steps or _DEFAULT_STEPS
+
+    def rows(self) -> tuple[tuple[int, int, int], ...]:
+        """The table as vLLM's ``[start_bs, end_bs, K]`` rows (empty for tiers)."""
+        return tuple((r.min_batch, r.max_batch, r.k) for r in self.table or ())
+
+
 class Drafter(ApiModel):
     """One candidate drafter; the search tries it at every draft length 1..maxK."""
 
@@ -473,6 +691,29 @@ class Drafter(ApiModel):
                     "self.promptLookupMin <= self.promptLookupMax",
                     "message": "must not exceed promptLookupMax",
                     "fieldPath": ".promptLookupMin",
+                },
+                {
+                    "rule": "!has(self.adaptive) || self.adaptive.all(a, a.mode != "
+                    f"'{AdaptiveMode.VERIFY}' || self.method in "
+                    f"{_cel_list(_VERIFY_METHODS)})",
+                    "messageExpression": "'adaptive mode verify (vLLM adaptive_verification) "
+                    "runs with methods dspark, mtp, eagle3 and dflash, not ' + self.method",
+                    "fieldPath": ".adaptive",
+                },
+                {
+                    "rule": "!has(self.adaptive) || self.adaptive.all(a, a.mode != "
+                    f"'{AdaptiveMode.TIERS}' || self.method in {_cel_list(_TIERS_METHODS)})",
+                    "messageExpression": "'adaptive mode tiers (SGLang --speculative-adaptive) "
+                    "runs with methods eagle and eagle3, not ' + self.method",
+                    "fieldPath": ".adaptive",
+                },
+                {
+                    "rule": "!has(self.adaptive) || self.adaptive.all(a, a.mode != "
+                    f"'{AdaptiveMode.VERIFY}' || !has(a.table) || a.table.all(r, "
+                    "r.k <= (has(a.maxK) ? a.maxK : self.maxK)))",
+                    "message": "a verify table's k (optimal_K) must not exceed its maxK (unset: "
+                    "the drafter's maxK): raise maxK or lower the table",
+                    "fieldPath": ".adaptive",
                 },
             ]
         }
@@ -508,6 +749,15 @@ class Drafter(ApiModel):
         ge=1,
         le=MAX_K,
         description="Largest draft length (num_speculative_tokens) to try, tokens. Default 5.",
+    )
+    adaptive: tuple[AdaptiveArm, ...] = Field(
+        (),
+        max_length=MAX_ADAPTIVE,
+        description=(
+            "In-engine adaptive modes of this drafter, each tried as one arm against the "
+            "fixed draft lengths (and measured only by its own trial): batchTable and verify "
+            "on vLLM, tiers on SGLang. At most 8. Default []."
+        ),
     )
     prompt_lookup_max: int | None = Field(
         None,
@@ -548,6 +798,33 @@ class Drafter(ApiModel):
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if lo is not None and hi is not None and lo > hi:
             raise field_error("promptLookupMin", "must not exceed promptLookupMax")
+        for i, a in enumerate(self.adaptive):
+            methods = ADAPTIVE_METHODS[a.mode]
+            if methods is not None and m not in methods:
+                raise field_error(
+                    f"adaptive[{i}].mode",
+                    f"{a.mode.value} ({a.mode.what}) runs with methods "
+                    f"{', '.join(sorted(methods))}, not {m.value}; list it under one of those "
+                    "drafters or remove it",
+                )
+            if a.mode is AdaptiveMode.VERIFY:
+                top = max(k for _, _, k in a.rows())
+                most = a.max_k if a.max_k is not None else self.max_k
+                if top > most:
+                    where = "maxK" if a.max_k is not None else "the drafter's maxK"
+                    raise field_error(
+                        f"adaptive[{i}].table",
+                        f"optimal_K {top} exceeds {where} ({most}), the most one request "
+                        f"drafts: raise maxK to {top} or lower the table",
+                    )
+        seen: dict[str, int] = {}
+        for i, a in enumerate(self.adaptive):
+            key = a.model_dump_json()
+            if key in seen:
+                raise field_error(
+                    f"adaptive[{i}]", f"the same adaptive arm as adaptive[{seen[key]}]"
+                )
+            seen[key] = i
         return self
 
 
@@ -864,6 +1141,14 @@ class SpecTuningSpec(ApiModel):
                     "reason": "FieldValueRequired",
                 },
                 {
+                    "rule": "!has(self.engine) || !has(self.drafters) || self.drafters.all(d, "
+                    "!has(d.adaptive) || d.adaptive.all(a, "
+                    f"(a.mode == '{AdaptiveMode.TIERS}') == (self.engine == '{Engine.SGLANG}')))",
+                    "message": "adaptive modes batchTable and verify are vLLM's, tiers is "
+                    "SGLang's: list only the engine's own modes",
+                    "fieldPath": ".drafters",
+                },
+                {
                     "rule": "!has(self.retune) || !has(self.retune.trafficMix) || "
                     "has(self.metrics.prometheus)",
                     "message": "trafficMix is a Prometheus query: set metrics.prometheus",
@@ -955,11 +1240,31 @@ class SpecTuningSpec(ApiModel):
                     f"duplicate drafter name {d.name!r} (also drafters[{seen[d.name]}])",
                 )
             seen[d.name] = i
+        if self.engine is not None and (problem := engine_mismatch(self, self.engine)):
+            raise field_error(*problem)
         if self.retune.traffic_mix is not None and self.metrics.prometheus is None:
             raise field_error(
                 "retune.trafficMix", "trafficMix is a Prometheus query: set metrics.prometheus"
             )
         return self
+
+
+def engine_mismatch(spec: SpecTuningSpec, engine: Engine) -> tuple[str, str] | None:
+    """The first adaptive arm ``engine`` does not have, as (field, reason); None if none.
+
+    ``parse_spec`` asks it of ``spec.engine``; ``api/convert.py`` of the engine detected on
+    the target when ``spec.engine`` is unset.
+    """
+    for i, d in enumerate(spec.drafters):
+        for j, a in enumerate(d.adaptive):
+            if a.mode.engine is not engine:
+                own = "tiers" if engine is Engine.SGLANG else "batchTable or verify"
+                return (
+                    f"drafters[{i}].adaptive[{j}].mode",
+                    f"{a.mode.value} is {a.mode.what}, and the engine is {engine.value}: use "
+                    f"{engine.value}'s mode ({own}) or remove it",
+                )
+    return None
 
 
 def parse_spec(body: Mapping[str, Any]) -> SpecTuningSpec:

@@ -77,6 +77,15 @@ class Applied(ApiModel):
     drafter: str = Field(max_length=63, description="Drafter name, or off when speculation is off.")
     k: int = Field(ge=0, description="Draft length (num_speculative_tokens), tokens; 0 when off.")
     arm: str = Field(max_length=512, description=f"The arm's full name: {_ARM_DESCRIPTION}.")
+    adaptive: str | None = Field(
+        None,
+        max_length=256,
+        description=(
+            "The in-engine adaptive mode the arm runs, with the engine's rule: batch-table "
+            "(vLLM Dynamic SD), verify (vLLM adaptive verification) or tiers (SGLang "
+            "--speculative-adaptive). Unset for a fixed k or off."
+        ),
+    )
     fingerprint: str = Field(
         max_length=128,
         description=(

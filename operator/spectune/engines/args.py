@@ -706,6 +706,12 @@ def render_vllm_args(argv: Sequence[str], spec: SpecConfig | None) -> list[str]:
     ['serve', 'm', '--port', '8000', '--speculative-config', '{"method":"mtp","num_speculative_tokens":2}']
     """  # noqa: E501
     tokens = list(argv)
+    sglang_only = sorted(_SG_ADAPTIVE_KEYS & dict(spec.extra).keys()) if spec else []
+    if sglang_only:
+        raise SpecError(
+            f"{', '.join(sglang_only)}: SGLang's {_SG_ADAPTIVE} has no vLLM key; vLLM's "
+            f"in-engine modes are {_PER_BATCH_KEY} and {VERIFY_KEY}"
+        )
     hits = _scan(tokens, _resolve_vllm)
     if spec is not None and hits:
         try:
@@ -734,8 +740,23 @@ _SG_DRAFT = "--speculative-draft-model-path"
 _SG_STEPS = "--speculative-num-steps"
 _SG_TOPK = "--speculative-eagle-topk"
 _SG_DRAFT_TOKENS = "--speculative-num-draft-tokens"
+# In-engine adaptive speculation (reference/engines.md §2.4): a bare switch, its JSON
+# config, and the strategy flag proposed in sglang#28045.
+_SG_ADAPTIVE = "--speculative-adaptive"
+_SG_ADAPTIVE_CONFIG = "--speculative-adaptive-config"
+_SG_ADAPTIVE_STRATEGY = "--speculative-adaptive-strategy"
 _SG_ALIASES = {"--speculative-draft-model": _SG_DRAFT}
-_SG_HANDLED = frozenset({_SG_ALGORITHM, _SG_DRAFT, _SG_STEPS, _SG_TOPK, _SG_DRAFT_TOKENS})
+_SG_HANDLED = frozenset(
+    {
+        _SG_ALGORITHM,
+        _SG_DRAFT,
+        _SG_STEPS,
+        _SG_TOPK,
+        _SG_DRAFT_TOKENS,
+        _SG_ADAPTIVE_CONFIG,
+        _SG_ADAPTIVE_STRATEGY,
+    }
+)
 # SGLang's other speculative flags: left alone, but needed to tell whether an abbreviation
 # is ambiguous, as argparse does.
 _SG_OTHER = frozenset(
@@ -758,8 +779,7 @@ _SG_OTHER = frozenset(
         "--speculative-ngram-external-corpus-path",
         "--speculative-ngram-external-sam-budget",
         "--speculative-ngram-external-corpus-max-tokens",
-        "--speculative-adaptive",
-        "--speculative-adaptive-config",
+        _SG_ADAPTIVE,
     }
 )
 _SG_OPTION_STRINGS = tuple(sorted({*_SG_HANDLED, *_SG_ALIASES, *_SG_OTHER}))
@@ -780,6 +800,13 @@ _SG_ALGORITHMS = {method: algorithm for algorithm, method in _SG_METHODS.items()
 _TOPK_KEY = "speculative_eagle_topk"
 _DRAFT_TOKENS_KEY = "speculative_num_draft_tokens"
 _STEPS_KEY = "speculative_num_steps"
+#: SpecConfig.extra keys of SGLang's adaptive speculation, named as SGLang's ServerArgs.
+ADAPTIVE_KEY = "speculative_adaptive"
+ADAPTIVE_CONFIG_KEY = "speculative_adaptive_config"
+ADAPTIVE_STRATEGY_KEY = "speculative_adaptive_strategy"
+#: vLLM's adaptive-verification switch in --speculative-config.
+VERIFY_KEY = "adaptive_verification"
+_SG_ADAPTIVE_KEYS = frozenset({ADAPTIVE_KEY, ADAPTIVE_CONFIG_KEY, ADAPTIVE_STRATEGY_KEY})
 # Without --speculative-num-draft-tokens, SGLang drafts 12 tree tokens for NGRAM.
 _SG_NGRAM_DEFAULT_DRAFT_TOKENS = 12
 _SG_EXAMPLES = {
@@ -788,7 +815,15 @@ _SG_EXAMPLES = {
     _SG_STEPS: "3",
     _SG_TOPK: "1",
     _SG_DRAFT_TOKENS: "4",
+    _SG_ADAPTIVE_CONFIG: "'{\"candidate_steps\":[1,3,7]}'",
+    _SG_ADAPTIVE_STRATEGY: "throughput_aware",
 }
+
+
+def _adaptive_switches(argv: Sequence[str]) -> list[int]:
+    """Indices of the bare ``--speculative-adaptive`` switch (a store_true flag)."""
+    end = _options_end(argv)
+    return [i for i, token in enumerate(argv[:end]) if token == _SG_ADAPTIVE]
 
 
 def _resolve_sglang(name: str) -> str | None:
@@ -809,7 +844,7 @@ def _resolve_sglang(name: str) -> str | None:
     return flag if flag in _SG_HANDLED else None
 
 
-def _read_sglang(hits: Sequence[_Hit]) -> ParsedArgs:
+def _read_sglang(hits: Sequence[_Hit], switched: bool = False) -> ParsedArgs:
     _check_hits(hits, _SG_EXAMPLES)
     notes: list[str] = []
     abbreviated = [hit for hit in hits if hit.spelled not in (hit.flag, *_SG_ALIASES)]
@@ -854,7 +889,7 @@ def _read_sglang(hits: Sequence[_Hit]) -> ParsedArgs:
     steps = number(_SG_STEPS, 1)
     topk = number(_SG_TOPK, 1)
     draft_tokens = number(_SG_DRAFT_TOKENS, 2 if algorithm == "NGRAM" else 1)
-    extra: dict[str, int] = {}
+    extra: dict[str, Any] = {}
     if algorithm == "NGRAM":
         # SGLang's NGRAM worker verifies a tree of num_draft_tokens (the last accepted token
         # plus the drafts); it ignores --speculative-num-steps and sets topk itself.
@@ -893,10 +928,35 @@ def _read_sglang(hits: Sequence[_Hit]) -> ParsedArgs:
         # different value, verbatim.
         if draft_tokens is not None and (topk != 1 or draft_tokens != k + 1):
             extra[_DRAFT_TOKENS_KEY] = draft_tokens
+    extra.update(_read_adaptive(values, spelled, switched, notes))
     spec = SpecConfig(
         method=method, num_speculative_tokens=k, model=model, extra=tuple(extra.items())
     )
     return ParsedArgs(spec, tuple(notes))
+
+
+def _read_adaptive(
+    values: Mapping[str, str], spelled: Mapping[str, str], switched: bool, notes: list[str]
+) -> dict[str, Any]:
+    """The adaptive-speculation settings, as SpecConfig.extra items."""
+    out: dict[str, Any] = {}
+    config = values.get(_SG_ADAPTIVE_CONFIG)
+    strategy = values.get(_SG_ADAPTIVE_STRATEGY)
+    if not switched:
+        if config is not None or strategy is not None:
+            flag = spelled[_SG_ADAPTIVE_CONFIG if config is not None else _SG_ADAPTIVE_STRATEGY]
+            notes.append(f"{flag} set without {_SG_ADAPTIVE}; SGLang ignores it")
+        return out
+    out[ADAPTIVE_KEY] = True
+    if config is not None:
+        try:
+            data = json.loads(config)
+        except json.JSONDecodeError:
+            data = config  # a file path: kept verbatim
+        out[ADAPTIVE_CONFIG_KEY] = data
+    if strategy is not None:
+        out[ADAPTIVE_STRATEGY_KEY] = strategy.strip()
+    return out
 
 
 def _extra_int(extra: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
@@ -924,6 +984,22 @@ def _sglang_flags(spec: SpecConfig) -> list[tuple[str, str]]:
         if value is not None:
             raise SpecError(f"{key} is a vLLM setting with no SGLang flag; leave it unset")
     extra = dict(spec.extra)
+    adaptive = {key: extra.pop(key) for key in _SG_ADAPTIVE_KEYS if key in extra}
+    if adaptive and adaptive.get(ADAPTIVE_KEY) is not True:
+        raise SpecError(
+            f"extra {', '.join(sorted(adaptive))} set without {ADAPTIVE_KEY}: true; set it, "
+            "or drop them"
+        )
+    if adaptive and algorithm not in ("EAGLE", "EAGLE3"):
+        raise SpecError(
+            f"{_SG_ADAPTIVE} runs with EAGLE and EAGLE3 only (reference/engines.md §2.4), "
+            f"not {algorithm}; drop it or use an eagle drafter"
+        )
+    if adaptive and extra.get(_TOPK_KEY, 1) != 1:
+        raise SpecError(
+            f"{_SG_ADAPTIVE} needs {_SG_TOPK} 1 (SGLang falls back to static speculation "
+            "otherwise); drop extra speculative_eagle_topk"
+        )
     if algorithm == "NGRAM":
         allowed = {_STEPS_KEY, _TOPK_KEY}
         if _DRAFT_TOKENS_KEY in extra:
@@ -964,7 +1040,21 @@ def _sglang_flags(spec: SpecConfig) -> list[tuple[str, str]]:
             )
         draft_tokens = k + 1
     flags += [(_SG_STEPS, str(k)), (_SG_TOPK, str(topk)), (_SG_DRAFT_TOKENS, str(draft_tokens))]
+    if ADAPTIVE_CONFIG_KEY in adaptive:
+        config = adaptive[ADAPTIVE_CONFIG_KEY]
+        text = (
+            config
+            if isinstance(config, str)
+            else json.dumps(config, sort_keys=True, separators=(",", ":"))
+        )
+        flags.append((_SG_ADAPTIVE_CONFIG, text))
+    if ADAPTIVE_STRATEGY_KEY in adaptive:
+        flags.append((_SG_ADAPTIVE_STRATEGY, str(adaptive[ADAPTIVE_STRATEGY_KEY])))
     return flags
+
+
+def _wants_adaptive(spec: SpecConfig | None) -> bool:
+    return spec is not None and dict(spec.extra).get(ADAPTIVE_KEY) is True
 
 
 def parse_sglang_args(argv: Sequence[str]) -> ParsedArgs:
@@ -986,7 +1076,8 @@ def parse_sglang_args(argv: Sequence[str]) -> ParsedArgs:
         An ambiguous prefix (listing the candidates), an unknown algorithm, a flag without
         a value or given twice, k < 1, or settings SGLang cannot start with.
     """
-    return _read_sglang(_scan(list(argv), _resolve_sglang))
+    tokens = list(argv)
+    return _read_sglang(_scan(tokens, _resolve_sglang), bool(_adaptive_switches(tokens)))
 
 
 def render_sglang_args(argv: Sequence[str], spec: SpecConfig | None) -> list[str]:
@@ -1011,12 +1102,24 @@ def render_sglang_args(argv: Sequence[str], spec: SpecConfig | None) -> list[str
     values = dict(wanted)
     drop: set[int] = set()
     insert: dict[int, list[str]] = {}
+    # The bare --speculative-adaptive switch stays where it is when it is wanted (one of
+    # them), goes when it is not, and is added after the other flags when missing.
+    switches = _adaptive_switches(tokens)
+    keep_switch = _wants_adaptive(spec) and bool(switches)
+    drop.update(switches[1:] if keep_switch else switches)
+    if _wants_adaptive(spec) and not switches:
+        wanted = [*wanted, (_SG_ADAPTIVE, "")]
     for hit in hits:
         drop.update(range(hit.start, hit.stop))
         if hit.flag in values:
             value = values.pop(hit.flag)
             insert[hit.start] = [f"{hit.flag}={value}"] if hit.inline else [hit.flag, value]
-    rest = [token for flag, value in wanted if flag in values for token in (flag, value)]
+    rest = [
+        token
+        for flag, value in wanted
+        if flag in values or flag == _SG_ADAPTIVE
+        for token in ((flag,) if flag == _SG_ADAPTIVE else (flag, value))
+    ]
     if rest:
         at = hits[-1].stop if hits else _options_end(tokens)
         insert.setdefault(at, []).extend(rest)

@@ -37,6 +37,7 @@ from spectune.engines.args import (
 from spectune.errors import SpecError
 from spectune.k8s.commands import engine_command, runs_an_engine
 from spectune.search.arms import Arm
+from spectune.search.spellings import arm_extra, arm_of_config
 
 __all__ = [
     "ANNOTATION_FINGERPRINT",
@@ -139,6 +140,7 @@ def spec_config_for(arm: Arm, drafters: Mapping[str, DrafterArgs]) -> SpecConfig
         prompt_lookup_min=d.prompt_lookup_min,
         prompt_lookup_max=d.prompt_lookup_max,
         per_batch_size=arm.schedule,
+        extra=arm_extra(arm),
     )
 
 
@@ -422,7 +424,7 @@ def arm_from_spec(spec: SpecConfig | None, drafters: Mapping[str, DrafterArgs]) 
         same_model = d.model is not None and d.model == spec.model
         same_method = d.model is None and spec.model is None and d.method == spec.method
         if same_model or same_method:
-            return Arm(d.name, spec.num_speculative_tokens, spec.per_batch_size)
+            return arm_of_config(d.name, spec)
     what = spec.model or spec.method
     raise SpecError(
         f"the target runs drafter {what!r}, which spec.drafters does not list; add it so "

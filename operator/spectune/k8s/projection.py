@@ -474,6 +474,7 @@ def build_status(previous: SpecTuningStatus, x: StatusInputs) -> dict[str, Any]:
             drafter=x.applied.drafter or "off",
             k=x.applied.k,
             arm=x.applied.name,
+            adaptive=(f"{mode.value}: {mode.describe}" if (mode := x.applied.adaptive) else None),
             fingerprint=x.fingerprint,
             speedup=speedup,
         )

@@ -278,7 +278,7 @@ class _Tails:
         """p95 over mean that the spread of acceptance across requests gives an arm: 1 for
         ``off``; None for a schedule or a drafter whose spread is not known."""
         arm = _arm_of(arm_name)
-        if arm is None or arm.schedule is not None:
+        if arm is None or arm.adaptive is not None:
             return None
         if arm.drafter is None:
             return 1.0
@@ -429,6 +429,9 @@ def build_beliefs(
     def note_acceptance(arm_name: str, s: WindowStats | None) -> None:
         arm = _arm_of(arm_name)
         if s is None or arm is None or arm.drafter is None:
+            return
+        if arm.verify or arm.tiers is not None:
+            # per-request or per-tier draft lengths: its counters are no curve of the drafter
             return
         if s.drafts > 0 or s.mean_accepted_length > 1:
             by_drafter[arm.drafter].append(s)
@@ -583,11 +586,11 @@ def build_beliefs(
     # Cost points r_d(k) for every measured speculative arm, the incumbent included.
     cost_points: dict[str, dict[int, float]] = defaultdict(dict)
     if tau_off is not None:
-        if incumbent.drafter is not None and incumbent.schedule is None:
+        if incumbent.drafter is not None and incumbent.adaptive is None:
             cost_points[incumbent.drafter][incumbent.k] = inc_length / tau_off
         for name, m in measured.items():
             arm = _arm_of(name)
-            if arm is None or arm.drafter is None or arm.schedule is not None or m.passes == 0:
+            if arm is None or arm.drafter is None or arm.adaptive is not None or m.passes == 0:
                 continue
             if math.isnan(m.tpot_ratio):
                 continue
@@ -614,7 +617,9 @@ def build_beliefs(
     for name, m in measured.items():
         arm = _arm_of(name)
         loss, loss_spread = m.loss
-        if arm is None or math.isnan(loss) or math.isnan(m.tpot_ratio):
+        if arm is None or arm.adaptive is not None or math.isnan(loss):
+            continue
+        if math.isnan(m.tpot_ratio):
             continue
         value = loss - sign * math.log(m.tpot_ratio)
         if arm.drafter is None:
@@ -688,7 +693,7 @@ def build_beliefs(
     for name, m in measured.items():
         arm = _arm_of(name)
         loss, _ = m.loss
-        if arm is None or math.isnan(loss):
+        if arm is None or arm.adaptive is not None or math.isnan(loss):
             continue
         p_loss, _, _, _ = predict(arm)
         if not math.isnan(p_loss):
@@ -696,13 +701,13 @@ def build_beliefs(
 
     # Measured arms per drafter, the incumbent among them, as anchors for their neighbours.
     anchors: dict[str, list[tuple[Arm, float, float]]] = defaultdict(list)
-    if incumbent.drafter is not None and incumbent.schedule is None:
+    if incumbent.drafter is not None and incumbent.adaptive is None:
         anchors[incumbent.drafter].append((incumbent, 0.0, MEASURED_FLOOR / 2))
     for name, m in measured.items():
         arm = _arm_of(name)
         loss, spread = m.loss
         usable = m.requests >= min_requests and not math.isnan(loss) and name not in b.excluded
-        if arm is not None and arm.drafter and arm.schedule is None and usable:
+        if arm is not None and arm.drafter and arm.adaptive is None and usable:
             anchors[arm.drafter].append((arm, loss, spread))
 
     for arm in space.arms():
@@ -723,6 +728,8 @@ def build_beliefs(
                     arm, loss, spread, True, len(got.obj_logs), got.tpot_ratio, e
                 )
                 continue
+        if arm.adaptive is not None:
+            continue  # never read off another arm: the policy prices it as untried
         loss, spread, tau, e = predict(arm)
         if not math.isnan(loss) and anchors.get(arm.drafter or ""):
             # The model predicts relative to the measured arms of the same drafter: its bias
@@ -785,12 +792,12 @@ def _off_from_two_lengths(
     ``k`` is used. The draft cost is clamped at 0 (noise can make it negative). Returns
     (τ_off, the other arm's name), or None without such a pair.
     """
-    if incumbent.drafter is None or incumbent.schedule is not None or inc_length < 1:
+    if incumbent.drafter is None or incumbent.adaptive is not None or inc_length < 1:
         return None
     best: tuple[int, float, float, str] | None = None
     for name, m in measured.items():
         arm = _arm_of(name)
-        if arm is None or arm.drafter != incumbent.drafter or arm.schedule is not None:
+        if arm is None or arm.drafter != incumbent.drafter or arm.adaptive is not None:
             continue
         if arm.k == incumbent.k or m.passes == 0 or m.requests < min_requests:
             continue

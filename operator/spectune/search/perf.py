@@ -142,7 +142,7 @@ def _arm(name: str) -> Arm | None:
         arm = parse_arm(name)
     except ValueError:
         return None
-    return arm if arm.schedule is None else None
+    return arm if arm.adaptive is None else None
 
 
 def group_windows(history: History) -> list[GroupWindow]:

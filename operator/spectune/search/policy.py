@@ -48,13 +48,16 @@ class SearchSpace:
     """Whether the engine exports per-position acceptance (vLLM yes, SGLang no)."""
     schedules: bool = False
     """Whether a per-batch-size draft-length table may be promoted (vLLM Dynamic SD)."""
+    adaptive: tuple[Arm, ...] = ()
+    """In-engine adaptive arms the user listed (``search/arms.py``): candidates like any
+    other, but never predicted from another arm's counters; each needs its own trial."""
 
     def arms(self) -> list[Arm]:
-        """Every static arm, ``off`` first."""
+        """Every candidate arm, ``off`` first, the listed adaptive arms last."""
         out = [OFF] if self.allow_off else []
         for d in self.drafters:
             out += [Arm(d.name, k) for k in range(1, d.max_k + 1)]
-        return out
+        return out + list(self.adaptive)
 
     def drafter(self, name: str) -> DrafterSpec:
         """The drafter called ``name``."""

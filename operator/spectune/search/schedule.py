@@ -48,7 +48,7 @@ def learned_schedule(
     only gets dearer as the batch grows, so such answers differ by something other than the
     load, and a table would carry that into batches it was never measured at.
     """
-    if leader.drafter is None or leader.schedule is not None or math.isnan(now_batch):
+    if leader.drafter is None or leader.adaptive is not None or math.isnan(now_batch):
         return None
     finals: dict[int, str] = {}
     for epoch, name in history.promotions:
@@ -59,7 +59,7 @@ def learned_schedule(
         if epoch == history.epoch or epoch not in same_model:
             continue
         arm = parse_arm(name)
-        if arm.schedule is not None or arm.drafter not in (None, leader.drafter):
+        if arm.adaptive is not None or arm.drafter not in (None, leader.drafter):
             continue
         b = epoch_batch(history, epoch)
         if math.isnan(b) or any(same_load(b, p, load_factor) for p, _ in points):

@@ -398,7 +398,7 @@ def acceptance_rules_out(ctx: TuningContext, history: History, running: TrialRec
     """
     arm = parse_arm(running.arm)
     d = arm.drafter
-    if d is None or arm.schedule is not None:
+    if d is None or arm.adaptive is not None:
         return None
     earlier = [t for t in history.trials if t is not running and t.epoch in
                history.acceptance_epochs()]  # fmt: skip
@@ -578,6 +578,16 @@ class SpectunePolicy:
                 continue
             if arm.name not in tried and arm.name not in beliefs.excluded:
                 beliefs.arms[arm.name] = ArmBelief(arm, mean, spread, False, 0, math.nan, math.nan)
+        # A listed in-engine adaptive arm is its own experiment: no other arm's counters
+        # predict it (its k moves per step, per request or per tier), so until its own
+        # trial has measured it, it races with the wide prior of an unseen drafter.
+        for arm in ctx.space.adaptive:
+            if arm.drafter in bad_drafters or arm.name in beliefs.arms:
+                continue
+            if arm.name not in tried and arm.name not in beliefs.excluded:
+                beliefs.arms[arm.name] = ArmBelief(
+                    arm, prior, UNEXPLORED_SPREAD, False, 0, math.nan, math.nan
+                )
 
         # 2. The leader: the best measured arm (the incumbent counts as measured). Unmeasured
         # arms only ever challenge it: nothing is promoted on a prediction alone.
@@ -793,7 +803,7 @@ def _second_length(
     """
     inc = ctx.incumbent
     d = inc.drafter
-    if d is None or inc.schedule is not None or d not in beliefs.survival:
+    if d is None or inc.adaptive is not None or d not in beliefs.survival:
         return None
     if beliefs.saturated:
         return None
@@ -919,7 +929,7 @@ def _load_favours(history: History, incumbent: Arm, leader: Arm) -> str | None:
     direction = _move_direction(moved)
     if moved is None or direction == 0:
         return None
-    if leader.schedule is not None or incumbent.schedule is not None:
+    if leader.adaptive is not None or incumbent.adaptive is not None:
         return None
     same = leader.drafter is not None and leader.drafter == incumbent.drafter
     less = (leader.is_off and not incumbent.is_off) or (same and leader.k < incumbent.k)

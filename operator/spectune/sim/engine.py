@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import betaincinv
 
+from spectune.core import flat_rate_for_length
 from spectune.search.arms import Arm
 from spectune.sim.physics import ArmPhysics
 from spectune.sim.scenario import Scenario, SecondPopulation, dist_upper
@@ -42,6 +43,13 @@ __all__ = ["Engine"]
 _I64 = np.int64
 _MAX_DRAWS = 65536  # most draws in one skip-ahead block (steps × requests × positions)
 _COUNTS = np.arange(1, 4097, dtype=_I64)  # 1, 2, 3, ...: the bonus tokens of successive steps
+
+# SGLang --speculative-adaptive defaults (reference/engines.md §2.4).
+_SG_EMA_ALPHA = 0.2
+_SG_UPDATE_INTERVAL = 5
+_SG_WARMUP_BATCHES = 10
+_SG_DOWN_HYSTERESIS = -0.25
+_SG_UP_HYSTERESIS = 0.0
 
 
 class Engine:
@@ -103,8 +111,20 @@ class Engine:
         self.etok: NDArray[np.float64] = np.zeros(0, dtype=float)  # E[tokens per pass] at K
         self.ctx_sum = 0  # Σ ctx of the decode set, as a Python int
         self.pass_clock = 0  # verification passes with drafts so far (per decode sequence)
-        self._affine: dict[tuple[int, int, bool], tuple[float, float]] = {}
+        self._affine: dict[tuple[int, int, bool, int], tuple[float, float]] = {}
         self.finished: list[Request] = []
+        # In-engine adaptive modes (docs/arms.md "How the twin models them"):
+        # adaptive verification: which drafted positions each running request verifies
+        # this step (None: every request verifies all k), and the verified drafts Σk_i;
+        self._mask: NDArray[np.float64] | None = None
+        self._verified = 0
+        # SGLang tiers: the running tier, the EMA of the accept length, steps seen.
+        self._tier = len(arm.tiers) - 1 if arm.tiers else 0
+        self._ema = float("nan")
+        self._tier_steps = 0
+        self._since_update = 0
+        #: verification steps run at each draft length (tiers and verify arms), for tests.
+        self.steps_at_k: dict[int, int] = {}
 
     # --- the outside: queue, state ----------------------------------------------------
 
@@ -171,7 +191,98 @@ class Engine:
 
     def k_now(self) -> int:
         """Draft length the engine would use for its current batch."""
-        return self.arm.k_at(self.running) if self.arm.drafter is not None else 0
+        if self.arm.drafter is None:
+            return 0
+        if self.arm.tiers is not None:
+            return self.arm.tiers[self._tier]
+        if self.arm.verify:
+            return self.arm.k
+        return self.arm.k_at(self.running)
+
+    def _plan_verification(self, k: int) -> None:
+        """Adaptive verification, modelled as vLLM documents it: a budget of
+        ``N × optimal_K`` verified drafts (``optimal_K`` from the table at batch ``N``),
+        each request drafting at most ``k``, handed out by predicted acceptance. The
+        predictor is modelled as exact (each request's own ``P(L ≥ i)``), so the budget goes
+        greedily to the positions most likely to land: an upper bound on the online
+        estimator of vLLM PR #52228. The drafter runs as deep as the deepest request."""
+        b = len(self.reqs)
+        self._mask = None
+        if not self.arm.verify or k == 0 or b == 0:
+            return
+        budget = min(b * self.arm.k_at(b), b * k)
+        surv = self.surv[:, :k]
+        # rank (request, position) by P(L ≥ i), ties to the earlier position, so each
+        # request's verified positions are a prefix
+        order = np.lexsort((np.tile(np.arange(k), b), -surv.ravel()))
+        mask = np.zeros(b * k)
+        mask[order[:budget]] = 1.0
+        self._mask = mask.reshape(b, k)
+        self._verified = budget
+
+    def _surv(self, k: int) -> NDArray[np.float64]:
+        """``P(L ≥ i)`` of the positions verified this step (0 where a request stops)."""
+        if self._mask is None:
+            return self.surv[:, :k]
+        out: NDArray[np.float64] = self.surv[:, :k] * self._mask[:, :k]
+        return out
+
+    def _verify_tokens(self, b: int, k: int) -> int:
+        """Tokens the verification forward runs over for ``b`` decoding requests."""
+        return b + self._verified if self._mask is not None else b * (k + 1)
+
+    def _retier(self, accepted: NDArray[np.int64]) -> None:
+        """SGLang's adaptive tiers, modelled at the level its docs describe: an EMA
+        (α 0.2) of the accept length (accepted drafts + the bonus) over decode steps; after
+        10 warm-up steps and every 5 steps, the target ``round(ema) + 1`` (``ema + 0.25``
+        for a move down: the down hysteresis) picks the largest tier at or below it. The
+        ``throughput_aware`` strategy (sglang#28045) instead picks the tier with the most
+        expected tokens per second at this batch, from a flat acceptance fitted to the EMA
+        and the engine's own step times (the startup profile, modelled as exact). The
+        batch-size-aware rule of sglang#24055 is not modelled: no formula is documented."""
+        tiers = self.arm.tiers
+        if tiers is None or accepted.size == 0:
+            return
+        rows = accepted.reshape(-1, accepted.shape[-1]) if accepted.ndim > 1 else accepted[None]
+        for mean in (rows.mean(axis=1) + 1.0).tolist():
+            self._ema = (
+                mean
+                if self._ema != self._ema
+                else ((1 - _SG_EMA_ALPHA) * self._ema + _SG_EMA_ALPHA * mean)
+            )
+        self._tier_steps += len(rows)
+        self._since_update += len(rows)
+        if self._tier_steps < _SG_WARMUP_BATCHES or self._since_update < _SG_UPDATE_INTERVAL:
+            return
+        self._since_update = 0
+        current = tiers[self._tier]
+        if self.arm.strategy == "throughput_aware":
+            rate = flat_rate_for_length(min(self._ema, current + 1.0), current)
+            b = len(self.reqs)
+
+            def speed(s: int) -> float:
+                a, c = self._coefficients(b, s)
+                return sum(rate**i for i in range(s + 1)) / (a + c * self.ctx_sum)
+
+            self._tier = max(range(len(tiers)), key=lambda i: speed(tiers[i]))
+            return
+        up = round(self._ema + _SG_UP_HYSTERESIS) + 1
+        down = round(self._ema - _SG_DOWN_HYSTERESIS) + 1
+        if up > current:
+            target = up
+        elif down < current:
+            target = down
+        else:
+            return
+        fits = [i for i, t in enumerate(tiers) if t <= target]
+        self._tier = fits[-1] if fits else 0
+
+    def _until_retier(self) -> int:
+        """Steps before SGLang's next tier update (no limit for other arms)."""
+        if self.arm.tiers is None:
+            return 1 << 30
+        left = _SG_UPDATE_INTERVAL - self._since_update
+        return max(1, left, _SG_WARMUP_BATCHES - self._tier_steps)
 
     # --- time -----------------------------------------------------------------------
 
@@ -183,6 +294,7 @@ class Engine:
                 return
             k = min(self.k_now(), self.k_max)
             self._make_room()
+            self._plan_verification(k)
             if self.prefilling or self._can_admit(k):
                 self._mixed_step(k)
             elif self.reqs:
@@ -338,13 +450,14 @@ class Engine:
     def _coefficients(self, b: int, k: int, graphs: bool = True) -> tuple[float, float]:
         """Step time of a decode step as ``a + c·C`` (C: total context of the batch);
         ``graphs``: a pure decode step, which a captured CUDA graph runs when one is set."""
-        key = (b, k, graphs)
+        n_v = self._verify_tokens(b, k)
+        key = (b, k, graphs, n_v)
         hit = self._affine.get(key)
         if hit is not None:
             return hit
         phys = self.physics
         tgt, draft = phys.target, phys.draft
-        n_t, n_d = self._padded(b * (k + 1), graphs), self._padded(b, graphs)
+        n_t, n_d = self._padded(n_v, graphs), self._padded(b, graphs)
         a = tgt.overhead_s + max(tgt.weights_s, tgt.per_token_s * n_t)
         c = tgt.per_context_s
         if k > 0:
@@ -370,8 +483,9 @@ class Engine:
             stats.generation_tokens += pf_done
             return
         a, c = self._coefficients(b, k, graphs=pf_tokens == 0)
-        a += max(tgt.weights_s, tgt.per_token_s * (b * (k + 1) + pf_tokens)) - max(
-            tgt.weights_s, tgt.per_token_s * (b * (k + 1))
+        n_v = self._verify_tokens(b, k)
+        a += max(tgt.weights_s, tgt.per_token_s * (n_v + pf_tokens)) - max(
+            tgt.weights_s, tgt.per_token_s * n_v
         )
         a += tgt.per_context_s * pf_ctx
         if k > 0 and draft is not None:
@@ -383,9 +497,10 @@ class Engine:
         dt = a + c * self.ctx_sum
         rem = self.end - self.ctx
         if k > 0:
-            accepted = (self.rng.random(b)[:, None] < self.surv[:, :k]).sum(axis=1)
+            accepted = (self.rng.random(b)[:, None] < self._surv(k)).sum(axis=1)
             gen = np.minimum(accepted + 1, rem)
             self._account_spec(k, accepted, 1)
+            self._retier(accepted)
         else:
             gen = np.ones(b, dtype=_I64)
         total = int(np.add.reduce(gen))
@@ -421,11 +536,11 @@ class Engine:
                 else float(minimum.reduce(rem))
             )
             steps = min(steps, to_finish)
-        n_steps = max(1, int(min(steps, cap)))
+        n_steps = max(1, int(min(steps, cap, self._until_retier())))
         counts = _COUNTS[:n_steps] if n_steps <= len(_COUNTS) else np.arange(1, n_steps + 1)
         if k > 0:
             draws = self.rng.random((n_steps, b))
-            accepted = add.reduce(draws[:, :, None] < self.surv[None, :, :k], axis=2)
+            accepted = add.reduce(draws[:, :, None] < self._surv(k)[None, :, :], axis=2)
             cum = add.accumulate(accepted, axis=0)
             cum += counts[:, None]
             per_step = add.reduce(accepted, axis=1)
@@ -463,6 +578,7 @@ class Engine:
         stats.itl.observe_many(dts, float(b))
         if accepted is not None:
             self._account_spec(k, accepted[:n_run], n_run)
+            self._retier(accepted[:n_run])
         if stats.sglang:
             emitted = (
                 accepted[:n_run] + 1 if accepted is not None else np.ones((n_run, b), dtype=_I64)
@@ -480,11 +596,22 @@ class Engine:
 
     def _account_spec(self, k: int, accepted: NDArray[np.int64], n_steps: int) -> None:
         stats = self.stats
+        self.pass_clock += n_steps
+        if self.arm.adaptive is not None:
+            self.steps_at_k[k] = self.steps_at_k.get(k, 0) + n_steps
+        if self._mask is not None:
+            # adaptive verification: a request given no position drafts nothing this step
+            depth = self._mask.sum(axis=1)
+            drafted = depth > 0
+            stats.drafts += n_steps * int(drafted.sum())
+            stats.draft_tokens += n_steps * int(depth.sum())
+            kept = accepted[..., drafted]
+            stats.accepted_hist[: k + 1] += np.bincount(kept.ravel(), minlength=k + 1)
+            return
         drafts = accepted.size
         stats.drafts += drafts
         stats.draft_tokens += drafts * k
         stats.accepted_hist[: k + 1] += np.bincount(accepted.ravel(), minlength=k + 1)
-        self.pass_clock += n_steps
 
     def _advance_sequences(
         self, gen: NDArray[np.int64], total: int, finished: bool | None = None

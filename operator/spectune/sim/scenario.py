@@ -406,6 +406,12 @@ class Scenario(_Model):
         if arm.drafter is None:
             return
         drafter = self.drafter(arm.drafter)
+        mode = arm.adaptive
+        if mode is not None and mode.engine != self.engine:
+            raise SpecError(
+                f"arm {arm}: {mode.value} is {mode.describe.split(':')[0]}, and this scenario's "
+                f"engine is {self.engine}"
+            )
         if arm.k > drafter.max_k:
             raise SpecError(f"arm {arm}: k={arm.k} is above {drafter.name}'s max_k {drafter.max_k}")
 

@@ -37,6 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from spectune.errors import SpecError
 from spectune.search.arms import Arm
+from spectune.search.spellings import arm_of_config
 from spectune.sim.fleet import Fleet
 from spectune.sim.scenario import Scenario, injectable_event
 from spectune.sim.service import Service
@@ -81,10 +82,7 @@ def arm_from_vllm_args(scenario: Scenario, argv: Sequence[str]) -> Arm:
             f"({', '.join(d.name for d in matches)}); give each a distinct model"
         )
     drafter = matches[0]
-    if spec.per_batch_size is not None:
-        arm = Arm.scheduled(drafter.name, spec.per_batch_size)
-    else:
-        arm = Arm(drafter.name, spec.num_speculative_tokens)
+    arm = arm_of_config(drafter.name, spec)
     scenario.check_arm(arm)
     return arm
 

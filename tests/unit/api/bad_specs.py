@@ -26,6 +26,8 @@ BASE: dict[str, Any] = {
 }
 
 NGRAM = {"name": "ngram", "method": "ngram", "maxK": 4}
+EAGLE3 = BASE["drafters"][1]
+_ROWS = [{"minBatch": 1, "maxBatch": 32, "k": 5}, {"minBatch": 33, "maxBatch": 512, "k": 3}]
 _TLS_BOTH = {"caSecretRef": {"name": "ca"}, "insecureSkipVerify": True}
 
 
@@ -139,6 +141,65 @@ BAD_SPECS = [
         "promptLookup-on-eagle3",
         {"drafters": [{"name": "e3", "method": "eagle3", "model": "m", "promptLookupMax": 3}]},
         "spec.drafters[0].method",
+    ),
+    # in-engine adaptive arms (drafters[].adaptive)
+    BadSpec(
+        "adaptive-batchTable-without-table",
+        {"drafters": [NGRAM, {**EAGLE3, "adaptive": [{"mode": "batchTable"}]}]},
+        "spec.drafters[1].adaptive[0].table",
+    ),
+    BadSpec(
+        "adaptive-unknown-mode",
+        {"drafters": [NGRAM, {**EAGLE3, "adaptive": [{"mode": "dynamic", "table": _ROWS}]}]},
+        "spec.drafters[1].adaptive[0].mode",
+    ),
+    BadSpec(
+        "adaptive-steps-on-batchTable",
+        {
+            "drafters": [
+                NGRAM,
+                {**EAGLE3, "adaptive": [{"mode": "batchTable", "table": _ROWS, "steps": [1, 3]}]},
+            ]
+        },
+        "spec.drafters[1].adaptive[0].mode",
+    ),
+    BadSpec(
+        "adaptive-range-reversed",
+        {
+            "drafters": [
+                NGRAM,
+                {
+                    **EAGLE3,
+                    "adaptive": [
+                        {"mode": "batchTable", "table": [{"minBatch": 64, "maxBatch": 16, "k": 3}]}
+                    ],
+                },
+            ]
+        },
+        "spec.drafters[1].adaptive[0].table[0].minBatch",
+    ),
+    BadSpec(
+        "adaptive-tiers-on-vllm",
+        {"drafters": [NGRAM, {**EAGLE3, "adaptive": [{"mode": "tiers"}]}]},
+        "spec.drafters[1].adaptive[0].mode",
+        server_path="spec.drafters",
+    ),
+    BadSpec(
+        "adaptive-verify-on-ngram",
+        {"drafters": [{**NGRAM, "adaptive": [{"mode": "verify", "table": _ROWS}]}]},
+        "spec.drafters[0].adaptive[0].mode",
+        server_path="spec.drafters[0].adaptive",
+    ),
+    BadSpec(
+        "adaptive-verify-table-above-maxK",
+        {
+            "drafters": [
+                NGRAM,
+                {**EAGLE3, "adaptive": [{"mode": "verify", "maxK": 4, "table": _ROWS}]},
+            ]
+        },
+        "spec.drafters[1].adaptive[0].table",
+        server_path="spec.drafters[1].adaptive",
     ),
     BadSpec(
         "duplicate-drafter-names",

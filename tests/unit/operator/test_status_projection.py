@@ -321,3 +321,54 @@ def test_a_version_1_status_is_read_and_compacted() -> None:
 def test_a_status_history_that_is_not_a_memory_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match=r"status.history is not the operator's memory"):
         load_memory("not base64 of gzip!")
+
+
+@pytest.mark.parametrize(
+    ("arm", "shown"),
+    [
+        (
+            Arm.verifying("eagle3", 8, ((1, 32, 5), (33, 512, 3))),
+            "verify: vLLM adaptive verification: a verify budget of N x optimal_K per step",
+        ),
+        (Arm.tiered("eagle3", (1, 3, 7)), "tiers: SGLang --speculative-adaptive"),
+        (
+            Arm.scheduled("eagle3", ((1, 64, 3), (65, 512, 1))),
+            "batch-table: vLLM Dynamic SD: k per batch size from the table",
+        ),
+    ],
+)
+def test_an_applied_adaptive_arm_shows_its_mode_in_status_and_in_spectune_status(
+    arm: Arm, shown: str
+) -> None:
+    from rich.console import Console
+
+    from spectune.status_command import render, view
+
+    doc = build_status(
+        SpecTuningStatus(),
+        StatusInputs(phase=Phase.CONVERGED, generation=1, now=T0, decision=None, applied=arm,
+                     fingerprint="f"),
+    )  # fmt: skip
+    applied = parse_status(doc).applied
+    assert applied is not None and applied.arm == arm.name
+    assert applied.adaptive is not None and applied.adaptive.startswith(shown)
+    console = Console(record=True, width=200)
+    console.print(render(view({"metadata": {"name": "llama"}, "status": doc})))
+    lines = [line for line in console.export_text().splitlines() if "Adaptive" in line]
+    assert len(lines) == 1 and shown in lines[0], console.export_text()
+
+
+def test_a_fixed_k_shows_no_adaptive_mode() -> None:
+    from rich.console import Console
+
+    from spectune.status_command import render, view
+
+    doc = build_status(
+        SpecTuningStatus(),
+        StatusInputs(phase=Phase.CONVERGED, generation=1, now=T0, decision=None,
+                     applied=Arm("eagle3", 3), fingerprint="f"),
+    )  # fmt: skip
+    assert parse_status(doc).applied.adaptive is None  # type: ignore[union-attr]
+    console = Console(record=True, width=200)
+    console.print(render(view({"metadata": {"name": "llama"}, "status": doc})))
+    assert "Adaptive" not in console.export_text()
