@@ -518,7 +518,7 @@ class SpectunePolicy:
         def finish(leader: Arm, draws: np.ndarray, names: list[str], why: str) -> Decision:
             # The search ends: the leader replaces the incumbent only when it is ahead of it
             # with confidence (_not_ahead); otherwise the incumbent stays.
-            held = _not_ahead(draws, names, leader, ctx) or _load_gap_refuted(history, leader)
+            held = _not_ahead(draws, names, leader, ctx) or _gap_veto(history, leader, ctx)
             if held is not None:
                 return decision(DecisionKind.PROMOTE, ctx.incumbent, f"{why}; {held}")
             return decision(DecisionKind.PROMOTE, _with_schedule(ctx, history, leader), why)
@@ -684,7 +684,7 @@ class SpectunePolicy:
                     f"{leader.name} beats the incumbent: trying {sure.name} before promoting "
                     f"either ({_describe(sb, minimise, ctx)}; {_describe(lb, minimise, ctx)})",
                 )
-            refuted = _load_gap_refuted(history, leader) if confident else None
+            refuted = _gap_veto(history, leader, ctx) if confident else None
             if refuted is not None:
                 return decision(DecisionKind.PROMOTE, ctx.incumbent, f"{why}, but {refuted}")
             if confident:
@@ -1014,12 +1014,12 @@ def _per_pod_rate(s: WindowStats | None, w: WindowRecord) -> float:
     return s.requests / s.pods / span
 
 
-def _across_gap(history: History, arm: str) -> bool:
-    """Whether every trial window of this epoch that measured ``arm``'s canary carried
-    another load per pod than the target's own (its last window alone before the trial):
-    outside :data:`~spectune.search.history.MATCHED_LOAD_BAND`. False without both."""
+def _gap_ratios(history: History, arm: str) -> list[float]:
+    """The canary's load per pod over the target's own (its last window alone before the
+    trial), for every trial window of this epoch that measured ``arm``; only windows where
+    both are known."""
     alone = history.baseline_windows()
-    rates: list[bool] = []
+    ratios: list[float] = []
     for t in history.in_epoch():
         if t.arm != arm:
             continue
@@ -1030,8 +1030,68 @@ def _across_gap(history: History, arm: str) -> bool:
         for w in t.windows:
             rate = _per_pod_rate(w.canary, w)
             if math.isfinite(rate) and math.isfinite(own) and own > 0:
-                rates.append(abs(rate / own - 1.0) > MATCHED_LOAD_BAND)
-    return bool(rates) and all(rates)
+                ratios.append(rate / own)
+    return ratios
+
+
+def _across_gap(history: History, arm: str) -> bool:
+    """Whether every trial window of this epoch that measured ``arm``'s canary carried
+    another load per pod than the target's own: outside
+    :data:`~spectune.search.history.MATCHED_LOAD_BAND`. False without both."""
+    ratios = _gap_ratios(history, arm)
+    return bool(ratios) and all(abs(r - 1.0) > MATCHED_LOAD_BAND for r in ratios)
+
+
+def _gap_veto(history: History, leader: Arm, ctx: TuningContext) -> str | None:
+    """Why a lead measured across a per-pod load gap is not taken as the target's, or None:
+    a rollback refuted such a lead in this epoch (:func:`_load_gap_refuted`), or the
+    leader is slower per token than the incumbent (:func:`_slower_across_gap`)."""
+    return _load_gap_refuted(history, leader) or _slower_across_gap(history, leader, ctx)
+
+
+def _slower_across_gap(history: History, leader: Arm, ctx: TuningContext) -> str | None:
+    """Why a lead on a queue-counting objective, measured only at a lighter load per pod
+    than the target's, is not taken from a leader slower per token; None otherwise.
+
+    A canary beside the target serves N/(N+c) of its per-pod load, and an objective that
+    counts the queue (e2e or TTFT p95) depends on the load through the utilisation
+    ρ = λ·s, with s the time a pod needs per request (its time per token times the
+    tokens): the wait grows like ρ/(1 − ρ). Of two arms at the same load, the one that is
+    slower per token has the larger s, so the larger ρ, and the gap between their waits
+    only widens as λ rises to the target's own: a leader slower per token than the
+    incumbent beside it cannot queue less than the incumbent at the target's load, and
+    the lead its trials showed at the lighter load is the p95's noise over a few hundred
+    requests (or its shape), not a property that carries across the gap. The per-token
+    mean, over thousands of tokens, varies by :data:`~spectune.search.model.MEASURED_FLOOR`
+    between windows: slower with P ≥ 1 − δ (normal in log space over the windows) is the
+    test. Only windows in which the canary carried no more load per pod than the
+    incumbent (within :data:`~spectune.search.history.MATCHED_LOAD_BAND`) are read: in
+    one that carried more, a slower token may be its larger batch's. A TPOT objective
+    reads the per-token tail itself, not the queue: the premise does not hold there.
+    """
+    metric = ctx.objective.metric
+    if metric not in (Metric.E2E_P95, Metric.TTFT_P95) or leader.name == ctx.incumbent.name:
+        return None
+    ratios = _gap_ratios(history, leader.name)
+    if not ratios or not all(r < 1.0 - MATCHED_LOAD_BAND for r in ratios):
+        return None
+    logs = [
+        math.log(can.tpot_mean / inc.tpot_mean)
+        for can, inc, w in _trial_pairs(history, ctx.incumbent.name, leader.name)
+        if w.load_ratio <= 1.0 + MATCHED_LOAD_BAND and can.tpot_mean > 0 and inc.tpot_mean > 0
+    ]
+    if not logs:
+        return None
+    mean, se = _log_ratio(logs)
+    slower = 0.5 * math.erfc(-mean / se / math.sqrt(2))
+    if slower < 1 - ctx.delta:
+        return None
+    return (
+        f"{leader.name}'s lead was measured only at {max(ratios):.2f}× or less of the "
+        f"target's own load per pod, and it is slower per token than the incumbent "
+        f"{ctx.incumbent.name} beside it ({math.exp(mean):.2f}×, probability {slower:.2f}): "
+        f"at the target's load it would queue more, not less, so {ctx.incumbent.name} stays"
+    )
 
 
 def _load_gap_refuted(history: History, leader: Arm) -> str | None:
@@ -1132,14 +1192,7 @@ def _amplified(
     ]
     if not alone:
         return None
-    # The leader's trial windows against this incumbent, both sides measured.
-    pairs = [
-        (w.canary, w.incumbent)
-        for t in history.in_epoch()
-        if t.arm == leader and t.incumbent == incumbent
-        for w in t.windows
-        if w.canary is not None and w.incumbent is not None and not w.backlog_pair
-    ]
+    pairs = [(can, inc) for can, inc, _ in _trial_pairs(history, incumbent, leader)]
     if saturated(alone[-1]):
         how = "saturates"
     elif _queues_alone(alone[-1], [inc for _, inc in pairs], metric):
@@ -1155,12 +1208,35 @@ def _amplified(
         if not (can.tpot_mean > 0 and inc.tpot_mean > 0):
             return None
         logs.append(math.log(can.tpot_mean / inc.tpot_mean))
-    mean = sum(logs) / len(logs) if logs else math.nan
+    if not logs:
+        return None
+    mean, se = _log_ratio(logs)
     if not mean < 0:
         return None
-    sd = float(np.std(logs, ddof=1)) if len(logs) > 1 else 0.0
-    se = max(sd, MEASURED_FLOOR) / math.sqrt(len(logs))
     return 0.5 * math.erfc(mean / se / math.sqrt(2)), how
+
+
+def _trial_pairs(
+    history: History, incumbent: str, leader: str
+) -> list[tuple[WindowStats, WindowStats, WindowRecord]]:
+    """``(canary, incumbent, window)`` of the leader's trial windows in this epoch against
+    this incumbent, both sides measured; a backlog pair compares no arms and is left out."""
+    return [
+        (w.canary, w.incumbent, w)
+        for t in history.in_epoch()
+        if t.arm == leader and t.incumbent == incumbent
+        for w in t.windows
+        if w.canary is not None and w.incumbent is not None and not w.backlog_pair
+    ]
+
+
+def _log_ratio(logs: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of per-window log ratios of per-token latency: the spread
+    between windows, floored at :data:`~spectune.search.model.MEASURED_FLOOR` (one window
+    cannot show its own)."""
+    mean = sum(logs) / len(logs)
+    sd = float(np.std(logs, ddof=1)) if len(logs) > 1 else 0.0
+    return mean, max(sd, MEASURED_FLOOR) / math.sqrt(len(logs))
 
 
 def _queues_alone(alone: WindowStats, beside: Sequence[WindowStats], metric: Metric) -> bool:

@@ -1197,6 +1197,71 @@ def test_a_rollback_refutes_leads_measured_at_another_load_per_pod() -> None:
     assert d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("ngram/4"), d.reason
 
 
+def _ttft_lead_beside(
+    per_token: float, canary_requests: float, beside_requests: float, metric: Metric, trials: int
+) -> tuple[History, TuningContext]:
+    """eagle3/3 on one pod, 200 requests a window alone; off tried beside it at half that
+    per pod, then ngram/4 in two windows with ``canary_requests`` on its pod and
+    ``beside_requests`` on the incumbent's, at 0.8× its objective (tight) and
+    ``per_token`` × its mean per-token latency; a budget of ``trials``."""
+    world = WORLDS["copy-heavy: ngram wins"]
+    inc, arm = parse_arm("eagle3/3"), parse_arm("ngram/4")
+    base = replace(world.stats(inc), tpot_mean=0.02, objective=0.5, objective_low=0.49,
+                   objective_high=0.51)  # fmt: skip
+    off = replace(world.stats(OFF), requests=100, tpot_mean=0.025, objective=0.55,
+                  objective_low=0.54, objective_high=0.56)  # fmt: skip
+    can = replace(world.stats(arm), requests=canary_requests, tpot_mean=0.02 * per_token,
+                  objective=0.4, objective_low=0.39, objective_high=0.41)  # fmt: skip
+    h = History(baseline=((0, WindowRecord(0, 300, replace(base, requests=200), None, inc.name)),))
+    beside = replace(base, requests=100)
+    h = h.add_trial(TrialRecord(OFF.name, inc.name, 0, 300.0).with_window(
+        WindowRecord(300, 600, beside, off, inc.name)).ended(Outcome.MEASURED, "next"))  # fmt: skip
+    t = TrialRecord(arm.name, inc.name, 0, 600.0)
+    for start in (600.0, 900.0):
+        beside = replace(base, requests=beside_requests)
+        t = t.with_window(WindowRecord(start, start + 300, beside, can, inc.name))
+    space = SearchSpace((DrafterSpec("eagle3", "eagle3", 3), DrafterSpec("ngram", "ngram", 4)))
+    ctx = TuningContext(space, Objective(metric), inc, 1200.0, max_trials=trials, seed=1)
+    return h.add_trial(t), ctx
+
+
+def test_a_lead_at_a_lighter_load_from_an_arm_slower_per_token_is_not_taken() -> None:
+    # ngram/4 shows a TTFT p95 0.8× the incumbent's, both at half the load per pod the
+    # target carries alone, but it needs 1.1× the time per token: at the target's own load
+    # its pod is the busier one and queues more. It is not promoted while the search goes
+    # on, and the search ends on the incumbent and says why.
+    history, ctx = _ttft_lead_beside(1.1, 100, 100, Metric.TTFT_P95, trials=12)
+    d = SpectunePolicy().decide(ctx, history)
+    assert (d.kind, d.arm) == (DecisionKind.PROMOTE, ctx.incumbent), d.reason
+    assert "beats the incumbent eagle3/3 by 2% with probability 1.00, but" in d.reason
+    assert "slower per token than the incumbent eagle3/3 beside it (1.10×" in d.reason
+    assert "0.50× or less of the target's own load per pod" in d.reason
+    d = SpectunePolicy().decide(replace(ctx, max_trials=2), history)
+    assert (d.kind, d.arm) == (DecisionKind.PROMOTE, ctx.incumbent), d.reason
+    assert "trial budget of 2 spent" in d.reason and "slower per token" in d.reason
+    # So it does on an e2e p95.
+    history, ctx = _ttft_lead_beside(1.1, 100, 100, Metric.E2E_P95, trials=2)
+    d = SpectunePolicy().decide(ctx, history)
+    assert (d.kind, d.arm) == (DecisionKind.PROMOTE, ctx.incumbent), d.reason
+    # Faster per token, the lead is taken, at once.
+    history, ctx = _ttft_lead_beside(0.95, 100, 100, Metric.TTFT_P95, trials=12)
+    d = SpectunePolicy().decide(ctx, history)
+    assert (d.kind, d.arm, d.final) == (DecisionKind.PROMOTE, parse_arm("ngram/4"), False)
+    ngram = parse_arm("ngram/4")
+    for per_token, canary, beside, metric in (
+        # Measured at the target's own load per pod, the lead is the target's.
+        (1.1, 200, 200, Metric.TTFT_P95),
+        # A canary that carried more than the incumbent beside it may be slower per token
+        # for its larger batch: those windows do not count.
+        (1.1, 100, 60, Metric.TTFT_P95),
+        # A TPOT objective reads the per-token tail, not the queue: no such premise.
+        (1.1, 100, 100, Metric.TPOT_P95),
+    ):
+        history, ctx = _ttft_lead_beside(per_token, canary, beside, metric, trials=2)
+        d = SpectunePolicy().decide(ctx, history)
+        assert (d.kind, d.arm) == (DecisionKind.PROMOTE, ngram), (canary, beside, d.reason)
+
+
 def _off_hidden_beside_a_placed_incumbent(step: float) -> tuple[History, TuningContext]:
     """eagle3/4 at 6 ms per token on average, its p95 placed by the histogram at 9.5 ms on
     pods whose engine step is ``step`` seconds; off beside it at 7.6 ms, every request in
