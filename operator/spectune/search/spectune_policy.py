@@ -1015,21 +1015,31 @@ def _per_pod_rate(s: WindowStats | None, w: WindowRecord) -> float:
 
 
 def _gap_ratios(history: History, arm: str) -> list[float]:
-    """The canary's load per pod over the target's own (its last window alone before the
-    trial), for every trial window of this epoch that measured ``arm``; only windows where
-    both are known."""
+    """The canary's load per pod over the target's own, for every trial window of this
+    epoch that measured ``arm``; only windows where both are known.
+
+    The target's own load per pod is what the whole service finished in the same window
+    (canary and incumbent) over the replicas the target has alone (its last window alone
+    before the trial): all of it is the target's once the trial ends, and read in the
+    same window it moves with a ramp, where a window alone before the trial would show
+    the load as it was then.
+    """
     alone = history.baseline_windows()
     ratios: list[float] = []
     for t in history.in_epoch():
         if t.arm != arm:
             continue
         before = [w for w in alone if w.end_s <= t.started_s + 1e-9] or list(alone)
-        if not before:
+        target = before[-1].incumbent if before else None
+        if target is None or not target.pods:
             continue
-        own = _per_pod_rate(before[-1].incumbent, before[-1])
         for w in t.windows:
             rate = _per_pod_rate(w.canary, w)
-            if math.isfinite(rate) and math.isfinite(own) and own > 0:
+            if w.canary is None or w.incumbent is None or not math.isfinite(rate):
+                continue
+            span = w.end_s - w.start_s
+            own = (w.canary.requests + w.incumbent.requests) / target.pods / span
+            if own > 0:
                 ratios.append(rate / own)
     return ratios
 

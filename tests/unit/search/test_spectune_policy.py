@@ -1145,10 +1145,14 @@ def test_a_copy_ahead_with_confidence_is_promoted() -> None:
     assert arm.name == "twin/1"
 
 
-def _after_a_rollback(rolled_back: bool, canary_requests: float) -> tuple[History, TuningContext]:
+def _after_a_rollback(
+    rolled_back: bool, canary_requests: float, rising: bool = False
+) -> tuple[History, TuningContext]:
     """eagle3/5 on one pod, 200 requests a window alone; off, eagle3/3 and ngram/8 tried
     beside it at half that per pod, ngram/8 promoted (and, if ``rolled_back``, rolled
-    back); then ngram/4 tried with ``canary_requests`` per window on its pod."""
+    back); then ngram/4 tried with ``canary_requests`` per window on its pod (at 200, in
+    the place of one of two target pods). ``rising``: the load doubled between the window
+    alone before ngram/4's trial (100 requests) and the trial."""
     world = WORLDS["copy-heavy: ngram wins"]
     inc, bad, arm = parse_arm("eagle3/5"), parse_arm("ngram/8"), parse_arm("ngram/4")
 
@@ -1169,7 +1173,11 @@ def _after_a_rollback(rolled_back: bool, canary_requests: float) -> tuple[Histor
     h = h.promoted(bad.name)
     if rolled_back:
         h = h.failed(bad.name, False, "tpotP95 worse with confidence on the target")
-    h = h.add_baseline(WindowRecord(1500, 1800, stats(inc, 200), None, inc.name))
+    # For a trial at the target's own load per pod, the target runs two pods by then and
+    # the canary replaces one of them.
+    pods = 2 if canary_requests >= 200 else 1
+    alone = replace(stats(inc, 100 if rising else 200 * pods), pods=pods)
+    h = h.add_baseline(WindowRecord(1500, 1800, alone, None, inc.name))
     h = h.add_trial(trial(arm, (1900.0, 2380.0), canary_requests))
     return h, TuningContext(SPACE, Objective(), inc, 2700.0, max_trials=12, seed=1)
 
@@ -1191,6 +1199,12 @@ def test_a_rollback_refutes_leads_measured_at_another_load_per_pod() -> None:
     history, ctx = _after_a_rollback(rolled_back=False, canary_requests=100)
     d = SpectunePolicy().decide(ctx, history)
     assert d.kind is DecisionKind.PROMOTE and d.arm != ctx.incumbent, d.reason
+    # Under a ramp the target's own load is read in the trial's windows, not in a window
+    # alone before it: the load doubled since, and the canary carries half of it.
+    history, ctx = _after_a_rollback(rolled_back=True, canary_requests=100, rising=True)
+    d = SpectunePolicy().decide(ctx, history)
+    assert (d.kind, d.arm) == (DecisionKind.PROMOTE, ctx.incumbent), d.reason
+    assert "promoted on trials beside the target at another load per pod" in d.reason
     # And a trial at the target's own per-pod load is judged on its lead.
     history, ctx = _after_a_rollback(rolled_back=True, canary_requests=200)
     d = SpectunePolicy().decide(ctx, history)
@@ -1198,12 +1212,18 @@ def test_a_rollback_refutes_leads_measured_at_another_load_per_pod() -> None:
 
 
 def _ttft_lead_beside(
-    per_token: float, canary_requests: float, beside_requests: float, metric: Metric, trials: int
+    per_token: float,
+    canary_requests: float,
+    beside_requests: float,
+    metric: Metric,
+    trials: int,
+    target_pods: int = 1,
 ) -> tuple[History, TuningContext]:
-    """eagle3/3 on one pod, 200 requests a window alone; off tried beside it at half that
-    per pod, then ngram/4 in two windows with ``canary_requests`` on its pod and
-    ``beside_requests`` on the incumbent's, at 0.8× its objective (tight) and
-    ``per_token`` × its mean per-token latency; a budget of ``trials``."""
+    """eagle3/3 on ``target_pods`` pods, 200 requests a window each alone; off tried beside
+    it at half that per pod, then ngram/4 in two windows with ``canary_requests`` on its
+    pod and ``beside_requests`` on the incumbent's one pod (beside the target, or in the
+    place of one of two target pods), at 0.8× its objective (tight) and ``per_token`` ×
+    its mean per-token latency; a budget of ``trials``."""
     world = WORLDS["copy-heavy: ngram wins"]
     inc, arm = parse_arm("eagle3/3"), parse_arm("ngram/4")
     base = replace(world.stats(inc), tpot_mean=0.02, objective=0.5, objective_low=0.49,
@@ -1212,7 +1232,8 @@ def _ttft_lead_beside(
                   objective_low=0.54, objective_high=0.56)  # fmt: skip
     can = replace(world.stats(arm), requests=canary_requests, tpot_mean=0.02 * per_token,
                   objective=0.4, objective_low=0.39, objective_high=0.41)  # fmt: skip
-    h = History(baseline=((0, WindowRecord(0, 300, replace(base, requests=200), None, inc.name)),))
+    alone = replace(base, requests=200 * target_pods, pods=target_pods)
+    h = History(baseline=((0, WindowRecord(0, 300, alone, None, inc.name)),))
     beside = replace(base, requests=100)
     h = h.add_trial(TrialRecord(OFF.name, inc.name, 0, 300.0).with_window(
         WindowRecord(300, 600, beside, off, inc.name)).ended(Outcome.MEASURED, "next"))  # fmt: skip
@@ -1248,16 +1269,17 @@ def test_a_lead_at_a_lighter_load_from_an_arm_slower_per_token_is_not_taken() ->
     d = SpectunePolicy().decide(ctx, history)
     assert (d.kind, d.arm, d.final) == (DecisionKind.PROMOTE, parse_arm("ngram/4"), False)
     ngram = parse_arm("ngram/4")
-    for per_token, canary, beside, metric in (
-        # Measured at the target's own load per pod, the lead is the target's.
-        (1.1, 200, 200, Metric.TTFT_P95),
+    for canary, beside, metric, pods in (
+        # Measured at the target's own load per pod (in the place of one of its two pods),
+        # the lead is the target's.
+        (200, 200, Metric.TTFT_P95, 2),
         # A canary that carried more than the incumbent beside it may be slower per token
         # for its larger batch: those windows do not count.
-        (1.1, 100, 60, Metric.TTFT_P95),
+        (100, 60, Metric.TTFT_P95, 1),
         # A TPOT objective reads the per-token tail, not the queue: no such premise.
-        (1.1, 100, 100, Metric.TPOT_P95),
+        (100, 100, Metric.TPOT_P95, 1),
     ):
-        history, ctx = _ttft_lead_beside(per_token, canary, beside, metric, trials=2)
+        history, ctx = _ttft_lead_beside(1.1, canary, beside, metric, trials=2, target_pods=pods)
         d = SpectunePolicy().decide(ctx, history)
         assert (d.kind, d.arm) == (DecisionKind.PROMOTE, ngram), (canary, beside, d.reason)
 
