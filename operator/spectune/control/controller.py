@@ -460,7 +460,8 @@ class Controller:
         Trials run on canary pods added beside the target's, so every trial window sees
         less load per pod than the target carries alone. One window of the promoted arm
         alone is its only look at that load: there it may saturate where the trials did
-        not (load-ramp: draft1b/1 at 10 requests/s fills two pods but not three), and the
+        not (a load that leaves each of n + 1 pods below capacity raises each of n pods'
+        utilisation by (n + 1)/n, past capacity when it was within that of it), and the
         load move that shows is caught before the next trial is chosen.
         """
         trials = self.history.in_epoch()
@@ -486,9 +487,9 @@ class Controller:
         request as that window's arm had: nothing the window would show is unseen. That
         holds when the last window alone was saturated too: what the window could show is
         a batch grown past the load-move factor, and an arm that runs no larger a batch in
-        as large a pool cannot grow one past a saturated arm's (kv-pressure: eagle3/8
-        promoted over a draft7b/4 that queued alone; the window alone cost 300 s of a
-        2400 s scenario and the refinement's trial, which then could not finish).
+        as large a pool cannot grow one past a saturated arm's. Sparing it matters: the
+        window alone costs a whole window of the search's time, and after a promotion over
+        a queueing incumbent that is time the refinement's trial needs.
         """
         alone = [w.incumbent for w in self.history.baseline_windows() if w.incumbent]
         base = alone[-1] if alone else None
@@ -1124,8 +1125,9 @@ def _moved(first: WindowRecord, w: WindowRecord, factor: float, shared: bool) ->
     """+1 or −1 when ``w``'s offered load is above or below ``first``'s beyond ``factor``.
 
     Small batches are not exempt: prefills stall decodes in proportion to the request rate
-    whatever the batch (in the load-ramp scenario, 0.3 → 2.3 requests/s at batches under
-    4 raised draft1b/4's mean per-token latency by 12 %), and a ramp caught early is an
+    whatever the batch (each arriving request's prefill takes a step's time from every
+    running decode, so a rate several times over can raise the mean per-token latency by
+    a tenth even while the batch stays under a handful), and a ramp caught early is an
     arm promoted before the load peaks.
     """
     (a, ba), (b, bb) = _load(first, shared), _load(w, shared)

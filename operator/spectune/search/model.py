@@ -253,9 +253,9 @@ class _Tails:
     Where every request's per-token latency sits under the histogram's first bound (10 ms
     in vLLM; an 8B model with a drafter runs at 3–6 ms), or within one bucket, the gamma
     fit has the exact mean and no tail: any shape fits one full bucket, and its p95 is a
-    guess. The mean alone
-    would rank arms wrongly too: its best ``k`` is larger than the p95's (model-drift:
-    eagle3/4 best on the mean, eagle3/2 on the p95 by 6 %). Such a window's
+    guess. The mean alone would rank arms wrongly too: acceptance varies across requests,
+    and a request that accepts little pays the cost of a longer draft without its gain, so
+    the p95 (those requests) is best at a smaller ``k`` than the mean. Such a window's
     p95 is its exact mean times the ratio of p95 to mean that the drafter's spread of
     acceptance across requests gives at its ``k`` (:func:`spectune.core.tail_ratio`),
     kept within the bucket's edges. ``off`` has ratio 1: without drafting the acceptance
@@ -462,11 +462,13 @@ def build_beliefs(
     # incumbent's offset to the current one follows by chaining those ratios.
     offsets = _incumbent_offsets(epoch_trials, incumbent.name, sign, tails)
     # An arm's objective ratio is read from its windows at the load of the epoch's latest
-    # paired window. Draft costs grow with the batch, so under a ramp that stays inside the
-    # load-move factor an arm's gain moves window by window (load-ramp: draft1b/1 against
-    # draft1b/4 at 7.6, 13.6, 21.1 requests per pod: 0.99×, 0.93×, 0.74×): pooled, its
-    # early windows hold back the promotion that the current load already warrants. An
-    # arm with no window at the current load is unmeasured again (predicted; re-tried).
+    # paired window. Draft costs grow with the batch (verification runs over b(k+1)
+    # tokens, and a larger batch leaves less idle compute to hide them in), so under a ramp
+    # that stays inside the load-move factor an arm's gain moves window by window, a short
+    # draft gaining on a long one by tens of percent as the batch grows a few times over:
+    # pooled, its early windows hold back the promotion that the current load already
+    # warrants. An arm with no window at the current load is unmeasured again (predicted;
+    # re-tried).
     paired = sorted(
         (w for t in epoch_trials for w in t.windows if w.incumbent is not None and w.canary),
         key=lambda w: w.start_s,
@@ -740,8 +742,9 @@ def build_beliefs(
             # Under saturation the objective-to-latency line is set by queueing, not by the
             # acceptance tail, and it is only as sure as the few noisy p95s it was drawn
             # through: its slope's error joins the model's usual step between neighbouring
-            # k (kv-pressure, seed 40: eagle3/4 read off a one-window eagle3/3 at 0.95× it
-            # "with probability 1.00"; the two are equal).
+            # k. Without it, a neighbour read off an anchor measured in a single window
+            # would be called better or worse "with probability 1.00" on a line whose slope
+            # the noise of one window's p95 (tens of percent) leaves undetermined.
             base = ANCHOR_STEP
             if b.saturated:
                 base = math.hypot(ANCHOR_STEP, slope_error(arm.drafter or ""))

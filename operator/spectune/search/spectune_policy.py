@@ -255,9 +255,11 @@ def guardrail_judgement(
     ``first``: the trial's first window. A catch-up burst there (:func:`catch_up_burst`)
     is set aside, never left unjudged: the canary is judged on the quantile that is its p95
     without the burst (:func:`burst_excluded_quantile`) against the incumbent's p95. A
-    saturated service runs hundreds of requests per pod (load-ramp at 10 requests/s sent a
-    new pod 238 at once, a quarter of its window); without its burst, that window still
-    says how the arm serves the rest. Only a window the burst nearly fills is not judged.
+    saturated service runs hundreds of requests per pod, and the queue that built up while
+    the canary started is sent to it at once: a burst that can be a large share of the
+    window's requests, whose waits say how long the pod took to start, not how the arm
+    serves. Without its burst, that window still says how the arm serves the rest. Only a
+    window the burst nearly fills is not judged.
     """
     q = burst_excluded_quantile(can, inc) if first else 0.95
     if q is None:
@@ -672,9 +674,10 @@ class SpectunePolicy:
                 # shortcut above): every minute the incumbent stays costs users its queue,
                 # and the refinement's lead is read at the trial's lighter load (one
                 # replica: half the target's), so it waits for its own trial against the
-                # promoted leader (kv-pressure, seeds 15 and 17: deferred for eagle3/4's
-                # trial, the promotion of eagle3/8 or eagle3/3 over a queueing draft7b/4
-                # came after the run's end).
+                # promoted leader. Deferring the promotion for a trial of the refinement
+                # would keep the queueing incumbent in place for that trial's windows, and
+                # under queueing the cost of that delay grows like ρ/(1 − ρ), far beyond
+                # the ε the refinement might add.
                 sb = beliefs.arms[sure.name]
                 return decision(
                     DecisionKind.TRIAL,
@@ -719,9 +722,10 @@ class SpectunePolicy:
             or (running.arm == leader.name and beats[ci] < 1 - ctx.delta)
         )
         # So is an arm the ongoing load move favours over the incumbent (_load_favours)
-        # while it is not behind it with confidence: its lead grows window by window as the
-        # move goes on (load-ramp: draft1b/1 at 1.02× draft1b/4 with 7 requests per pod,
-        # 0.87× at 14), and a trial moved on from it would leave the lead unseen.
+        # while it is not behind it with confidence: draft costs grow with the batch, so its
+        # lead grows window by window as the move goes on (a doubling of the batch can turn
+        # a tie into a lead of a tenth or more), and a trial moved on from it would leave
+        # the lead unseen.
         race = f"P(within ε) = {p_ok:.2f}"
         if running is not None and not in_race and {running.arm, ctx.incumbent.name} <= set(names):
             ri, ii = names.index(running.arm), names.index(ctx.incumbent.name)
@@ -921,9 +925,10 @@ def _load_favours(history: History, incumbent: Arm, leader: Arm) -> str | None:
     (:func:`_service_batch`) beyond the one that showed the move, by at least
     :data:`~spectune.search.objective.SMALL_BATCH_CHANGE` in the same direction, the move
     is going on: the leader's lead will be larger by the time it is rolled out, and
-    under a ramp the lead the trials measure lags the load (load-ramp: draft1b/1 against
-    draft1b/4 at 0.96× with 8 requests per pod, 0.2× at the ramp's top). Other drafters
-    are not compared this way: their costs grow with the batch at their own rates.
+    under a ramp the lead the trials measure lags the load (once the load passes what the
+    incumbent can serve, its queue grows without bound while the leader's may not, and a
+    small lead in a trial becomes a large one). Other drafters are not compared this way:
+    their costs grow with the batch at their own rates.
     """
     moved = _load_move(history)
     direction = _move_direction(moved)
@@ -1175,15 +1180,16 @@ def _amplified(
     token faster than the incumbent beside it and has a KV pool at least as large, then at
     the target's load the leader runs a smaller batch and admits at least as many
     requests: it queues less, and the lead the trial showed is the least it will have
-    there (kv-pressure on two replicas: eagle3/3 measured at 0.91× a saturating
-    draft7b/4's e2e p95 in trials is 0.67× at the target's load). The
-    ε margin, which asks a change to be worth its restart, is then met by that
-    amplification, and what decides is whether the leader is faster per token at all:
-    the mean per-token latency of thousands of tokens, whose ratio varies by
-    :data:`~spectune.search.model.MEASURED_FLOOR` between windows, where the trials' p95
-    of a few hundred requests at a lighter load varies by ten times that (kv-pressure:
-    eagle3/3 at 0.90× and 0.94× on e2e p95, 0.95× and 0.94× per token, in two windows).
-    Normal in log space over the windows, with their spread floored at that.
+    there (by Little's law a pod's batch is its arrival rate times the time a request
+    spends in it, so at the same rate the faster arm runs the smaller batch, which is
+    faster still per step, while the saturated one queues: a lead of a few percent per
+    token becomes tens of percent on the p95). The ε margin, which asks a change to be
+    worth its restart, is then met by that amplification, and what decides is whether the
+    leader is faster per token at all: the mean per-token latency of thousands of tokens,
+    whose ratio varies by :data:`~spectune.search.model.MEASURED_FLOOR` between windows,
+    where the trials' p95 of a few hundred requests at a lighter load varies by ten times
+    that: a p95 rests on the dozen or so requests in its top twentieth, a mean on every
+    token. Normal in log space over the windows, with their spread floored at that.
     """
     alone = [
         w.incumbent
@@ -1249,11 +1255,11 @@ def _queues_alone(alone: WindowStats, beside: Sequence[WindowStats], metric: Met
     target's load is on the rising part of the queueing curve, where the wait grows like
     ρ/(1 − ρ) with the utilisation ρ, and an arm that needs less time per token (lower ρ)
     gains more there than at the trial's lighter load. Short of saturation, so the
-    incumbent's batch still measures its speed (kv-pressure, seed 16: draft7b/4's queue
-    p95 1.3 s alone and 0.4 s beside eagle3/3's canary, with eagle3/3 at 0.86–0.92× on
-    the trials' e2e p95 — and 0.68× at the target's load, in the bench's oracle for that
-    seed). A TPOT objective leaves the queue out, and a larger batch costs
-    a drafting arm more per token (SmartSpec): no such premise there.
+    incumbent's batch still measures its speed: a queue that triples when the canary's
+    share of the load returns to the target is the steep part of that curve, and a lead
+    of a tenth on the trials' p95 can become a third at the target's load. A TPOT
+    objective leaves the queue out, and a larger batch costs a drafting arm more per
+    token (SmartSpec): no such premise there.
     """
     if metric not in (Metric.E2E_P95, Metric.TTFT_P95) or math.isnan(alone.queue_p95_low):
         return False
