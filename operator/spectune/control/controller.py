@@ -908,6 +908,14 @@ class Controller:
     # -- monitoring ---------------------------------------------------------------------------
 
     async def _monitor(self, dep: Deployment) -> None:
+        """One window on the promoted setting: verify it, then watch for what re-opens tuning.
+
+        A promotion is verified first (:meth:`_verify`); the first window that counts
+        drafts sets the acceptance reference. After that, in order: a pod decaying with
+        its uptime, the scheduled re-measure, a drift of the acceptance below the
+        reference (:meth:`_watch_drift`) and a sustained move of the offered load
+        (:meth:`_watch_load`).
+        """
         w = await self._baseline_window(dep)
         if await self._verify(dep, w):
             return
@@ -934,8 +942,23 @@ class Controller:
             every = cfg.in_pod_seconds(cfg.retune_every_s)
             await self._retune(f"scheduled re-measure every {every:g}s")
             return
-        # Drift: the first-position acceptance fell below the reference by the threshold,
-        # with confidence (the Wilson upper bound is below the line), for long enough.
+        drifted, retuned = await self._watch_drift(st, w, inc, p1, now)
+        if not retuned:
+            await self._watch_load(st, dep, w, inc, now, drifted)
+
+    async def _watch_drift(
+        self, st: ControllerState, w: WindowRecord, inc: WindowStats, p1: float, now: float
+    ) -> tuple[bool, bool]:
+        """Whether the acceptance drifted in window ``w``, and whether tuning was re-opened.
+
+        Drift: the first-position acceptance fell below the reference by the threshold,
+        with confidence (the Wilson upper bound is below the line), for ``drift_for_s``.
+        The bound, not the point estimate: a window's P(L ≥ 1) over a few thousand drafts
+        moves by a percent or two by chance, and a threshold crossed by noise would
+        re-tune a healthy setting. The duration keeps a burst of unusual requests from
+        counting as a change of the traffic. ``st`` is the state as the window found it.
+        """
+        cfg = self.config
         drifted = False
         if st.reference_acceptance is not None and not math.isnan(st.reference_acceptance):
             line = st.reference_acceptance * (1 - cfg.drift_threshold)
@@ -952,16 +975,32 @@ class Controller:
                 self._event("AcceptanceDrift", msg)
                 if cfg.drift_action is DriftAction.RETUNE:
                     await self._retune(msg)
-                    return
+                    return drifted, True
                 self.state = replace(self.state, phase=Phase.DRIFTED)
         else:
             self.state = replace(self.state, drift_since_s=None)
             if st.phase is Phase.DRIFTED:
                 self.state = replace(self.state, phase=Phase.MONITORING)
-        # Load: a sustained change of the offered load moves the optimum (DESIGN.md §1.4).
-        # The request rate, not the batch: a batch that grows at the same rate is the
-        # service slowing down (an acceptance drop, a smaller KV pool), not more traffic.
-        # A per-batch-size table adapts k inside the engine: a load move needs no re-tune.
+        return drifted, False
+
+    async def _watch_load(
+        self,
+        st: ControllerState,
+        dep: Deployment,
+        w: WindowRecord,
+        inc: WindowStats,
+        now: float,
+        drifted: bool,
+    ) -> None:
+        """Re-open tuning when the offered load moved, for long enough, from the reference.
+
+        A sustained change of the offered load moves the optimum (DESIGN.md §1.4): draft
+        costs grow with the batch. The request rate, not the batch: a batch that grows at
+        the same rate is the service slowing down (an acceptance drop, a smaller KV pool),
+        not more traffic. A per-batch-size table adapts k inside the engine: a load move
+        needs no re-tune. ``st`` is the state as the window found it.
+        """
+        cfg = self.config
         scheduled = dep.incumbent.schedule is not None
         ref_w = self._reference_window()
         if drifted or ref_w is None or scheduled:
