@@ -460,7 +460,8 @@ class Controller:
         Trials run on canary pods added beside the target's, so every trial window sees
         less load per pod than the target carries alone. One window of the promoted arm
         alone is its only look at that load: there it may saturate where the trials did
-        not (load-ramp: draft1b/1 at 10 requests/s fills two pods but not three), and the
+        not (a load that leaves each of n + 1 pods below capacity raises each of n pods'
+        utilisation by (n + 1)/n, past capacity when it was within that of it), and the
         load move that shows is caught before the next trial is chosen.
         """
         trials = self.history.in_epoch()
@@ -486,9 +487,9 @@ class Controller:
         request as that window's arm had: nothing the window would show is unseen. That
         holds when the last window alone was saturated too: what the window could show is
         a batch grown past the load-move factor, and an arm that runs no larger a batch in
-        as large a pool cannot grow one past a saturated arm's (kv-pressure: eagle3/8
-        promoted over a draft7b/4 that queued alone; the window alone cost 300 s of a
-        2400 s scenario and the refinement's trial, which then could not finish).
+        as large a pool cannot grow one past a saturated arm's. Sparing it matters: the
+        window alone costs a whole window of the search's time, and after a promotion over
+        a queueing incumbent that is time the refinement's trial needs.
         """
         alone = [w.incumbent for w in self.history.baseline_windows() if w.incumbent]
         base = alone[-1] if alone else None
@@ -907,6 +908,14 @@ class Controller:
     # -- monitoring ---------------------------------------------------------------------------
 
     async def _monitor(self, dep: Deployment) -> None:
+        """One window on the promoted setting: verify it, then watch for what re-opens tuning.
+
+        A promotion is verified first (:meth:`_verify`); the first window that counts
+        drafts sets the acceptance reference. After that, in order: a pod decaying with
+        its uptime, the scheduled re-measure, a drift of the acceptance below the
+        reference (:meth:`_watch_drift`) and a sustained move of the offered load
+        (:meth:`_watch_load`).
+        """
         w = await self._baseline_window(dep)
         if await self._verify(dep, w):
             return
@@ -933,8 +942,23 @@ class Controller:
             every = cfg.in_pod_seconds(cfg.retune_every_s)
             await self._retune(f"scheduled re-measure every {every:g}s")
             return
-        # Drift: the first-position acceptance fell below the reference by the threshold,
-        # with confidence (the Wilson upper bound is below the line), for long enough.
+        drifted, retuned = await self._watch_drift(st, w, inc, p1, now)
+        if not retuned:
+            await self._watch_load(st, dep, w, inc, now, drifted)
+
+    async def _watch_drift(
+        self, st: ControllerState, w: WindowRecord, inc: WindowStats, p1: float, now: float
+    ) -> tuple[bool, bool]:
+        """Whether the acceptance drifted in window ``w``, and whether tuning was re-opened.
+
+        Drift: the first-position acceptance fell below the reference by the threshold,
+        with confidence (the Wilson upper bound is below the line), for ``drift_for_s``.
+        The bound, not the point estimate: a window's P(L ≥ 1) over a few thousand drafts
+        moves by a percent or two by chance, and a threshold crossed by noise would
+        re-tune a healthy setting. The duration keeps a burst of unusual requests from
+        counting as a change of the traffic. ``st`` is the state as the window found it.
+        """
+        cfg = self.config
         drifted = False
         if st.reference_acceptance is not None and not math.isnan(st.reference_acceptance):
             line = st.reference_acceptance * (1 - cfg.drift_threshold)
@@ -951,16 +975,32 @@ class Controller:
                 self._event("AcceptanceDrift", msg)
                 if cfg.drift_action is DriftAction.RETUNE:
                     await self._retune(msg)
-                    return
+                    return drifted, True
                 self.state = replace(self.state, phase=Phase.DRIFTED)
         else:
             self.state = replace(self.state, drift_since_s=None)
             if st.phase is Phase.DRIFTED:
                 self.state = replace(self.state, phase=Phase.MONITORING)
-        # Load: a sustained change of the offered load moves the optimum (DESIGN.md §1.4).
-        # The request rate, not the batch: a batch that grows at the same rate is the
-        # service slowing down (an acceptance drop, a smaller KV pool), not more traffic.
-        # A per-batch-size table adapts k inside the engine: a load move needs no re-tune.
+        return drifted, False
+
+    async def _watch_load(
+        self,
+        st: ControllerState,
+        dep: Deployment,
+        w: WindowRecord,
+        inc: WindowStats,
+        now: float,
+        drifted: bool,
+    ) -> None:
+        """Re-open tuning when the offered load moved, for long enough, from the reference.
+
+        A sustained change of the offered load moves the optimum (DESIGN.md §1.4): draft
+        costs grow with the batch. The request rate, not the batch: a batch that grows at
+        the same rate is the service slowing down (an acceptance drop, a smaller KV pool),
+        not more traffic. A per-batch-size table adapts k inside the engine: a load move
+        needs no re-tune. ``st`` is the state as the window found it.
+        """
+        cfg = self.config
         scheduled = dep.incumbent.schedule is not None
         ref_w = self._reference_window()
         if drifted or ref_w is None or scheduled:
@@ -1124,8 +1164,9 @@ def _moved(first: WindowRecord, w: WindowRecord, factor: float, shared: bool) ->
     """+1 or −1 when ``w``'s offered load is above or below ``first``'s beyond ``factor``.
 
     Small batches are not exempt: prefills stall decodes in proportion to the request rate
-    whatever the batch (in the load-ramp scenario, 0.3 → 2.3 requests/s at batches under
-    4 raised draft1b/4's mean per-token latency by 12 %), and a ramp caught early is an
+    whatever the batch (each arriving request's prefill takes a step's time from every
+    running decode, so a rate several times over can raise the mean per-token latency by
+    a tenth even while the batch stays under a handful), and a ramp caught early is an
     arm promoted before the load peaks.
     """
     (a, ba), (b, bb) = _load(first, shared), _load(w, shared)

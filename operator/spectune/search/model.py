@@ -253,9 +253,9 @@ class _Tails:
     Where every request's per-token latency sits under the histogram's first bound (10 ms
     in vLLM; an 8B model with a drafter runs at 3–6 ms), or within one bucket, the gamma
     fit has the exact mean and no tail: any shape fits one full bucket, and its p95 is a
-    guess. The mean alone
-    would rank arms wrongly too: its best ``k`` is larger than the p95's (model-drift:
-    eagle3/4 best on the mean, eagle3/2 on the p95 by 6 %). Such a window's
+    guess. The mean alone would rank arms wrongly too: acceptance varies across requests,
+    and a request that accepts little pays the cost of a longer draft without its gain, so
+    the p95 (those requests) is best at a smaller ``k`` than the mean. Such a window's
     p95 is its exact mean times the ratio of p95 to mean that the drafter's spread of
     acceptance across requests gives at its ``k`` (:func:`spectune.core.tail_ratio`),
     kept within the bucket's edges. ``off`` has ratio 1: without drafting the acceptance
@@ -422,38 +422,8 @@ def build_beliefs(
     sign = 1.0 if minimise else -1.0
     b = Beliefs()
     epoch_trials: Sequence[TrialRecord] = history.in_epoch()
-    measured: dict[str, _Measured] = defaultdict(_Measured)
-    by_drafter: dict[str, list[WindowStats]] = defaultdict(list)
-    inc_windows: list[WindowStats] = []
-
-    def note_acceptance(arm_name: str, s: WindowStats | None) -> None:
-        arm = _arm_of(arm_name)
-        if s is None or arm is None or arm.drafter is None:
-            return
-        if arm.verify or arm.tiers is not None:
-            # per-request or per-tier draft lengths: its counters are no curve of the drafter
-            return
-        if s.drafts > 0 or s.mean_accepted_length > 1:
-            by_drafter[arm.drafter].append(s)
-
     baseline: Sequence[WindowRecord] = history.baseline_windows()
-    for w in baseline:
-        if w.incumbent is not None and (not w.incumbent_arm or w.incumbent_arm == incumbent.name):
-            inc_windows.append(w.incumbent)
-            note_acceptance(incumbent.name, w.incumbent)
-    for t in epoch_trials:
-        for w in t.windows:
-            note_acceptance(t.incumbent, w.incumbent)
-            note_acceptance(t.arm, w.canary)
-    # Acceptance is a property of the drafter on this traffic, not of the load: epochs
-    # re-opened only because the load moved lend theirs (History.acceptance_epochs).
-    for epoch in history.acceptance_epochs()[1:]:
-        for t in history.in_epoch(epoch):
-            for w in t.windows:
-                note_acceptance(w.incumbent_arm or t.incumbent, w.incumbent)
-                note_acceptance(t.arm, w.canary)
-        for w in history.baseline_windows(epoch):
-            note_acceptance(w.incumbent_arm, w.incumbent)
+    by_drafter = _acceptance_windows(history, incumbent)
     tails = _Tails(by_drafter)
     b.spreads = tails.spreads
 
@@ -461,29 +431,178 @@ def build_beliefs(
     # incumbents. Each promoted arm was measured against the one before, so every
     # incumbent's offset to the current one follows by chaining those ratios.
     offsets = _incumbent_offsets(epoch_trials, incumbent.name, sign, tails)
-    # An arm's objective ratio is read from its windows at the load of the epoch's latest
-    # paired window. Draft costs grow with the batch, so under a ramp that stays inside the
-    # load-move factor an arm's gain moves window by window (load-ramp: draft1b/1 against
-    # draft1b/4 at 7.6, 13.6, 21.1 requests per pod: 0.99×, 0.93×, 0.74×): pooled, its
-    # early windows hold back the promotion that the current load already warrants. An
-    # arm with no window at the current load is unmeasured again (predicted; re-tried).
+    b.excluded = _exclusions(history, epoch_trials, incumbent)
+    evidence = _measure(epoch_trials, baseline, incumbent, sign, minimise, tails, offsets)
+    measured = evidence.measured
+    _add_earlier_incumbents(epoch_trials, incumbent.name, offsets, measured)
+
+    # The incumbent is the reference of every ratio.
+    inc_length = _incumbent_length(evidence.inc_windows, incumbent)
+    b.survival, b.unexplored_drafters = _survival_curves(space, by_drafter)
+    if math.isnan(inc_length):
+        # No window of the incumbent yet in this epoch (a load move skips the baseline):
+        # its expected tokens per pass from the carried acceptance curve.
+        seen = b.survival.get(incumbent.drafter or "")
+        inc_length = _expected(seen, incumbent.k)[0] if seen is not None else 1.0
+
+    b.saturated = _epoch_saturated(epoch_trials, baseline)
+    priors = {} if b.saturated else _prior_costs(history)
+    off = _off_latency(
+        space, incumbent, inc_length, measured, min_requests, priors, b.survival, b.saturated
+    )
+    if off.note is not None:
+        b.notes.append(off.note)
+    b.needs_off = off.needs_measuring
+    cost_points, b.costs = _cost_points(space, incumbent, inc_length, measured, off.tau, priors)
+
+    shape = _shape_line(measured, incumbent, sign)
+    model = _Model(space, sign, b.survival, cost_points, off.tau, off.inferred, shape)
+    model.check(measured)
+    anchors = _anchors(measured, incumbent, min_requests, b.excluded)
+    b.arms = _arm_beliefs(
+        space,
+        incumbent,
+        inc_length,
+        evidence,
+        min_requests,
+        b.excluded,
+        model,
+        anchors,
+        b.saturated,
+    )
+    b.notes.extend(_closing_notes(space, evidence.by_capacity, tails))
+    return b
+
+
+def _note_acceptance(
+    by_drafter: dict[str, list[WindowStats]], arm_name: str, s: WindowStats | None
+) -> None:
+    """Add ``s`` to its drafter's acceptance windows when it holds a curve of that drafter.
+
+    A window's acceptance counters describe its drafter at its ``k`` on this traffic, so
+    every arm of one drafter adds to one curve. An arm that drafts per request or per tier
+    (``verify``, ``tiers``) mixes draft lengths in its counters, which are then no curve of
+    the drafter, and a window with no draft counted says nothing.
+    """
+    arm = _arm_of(arm_name)
+    if s is None or arm is None or arm.drafter is None:
+        return
+    if arm.verify or arm.tiers is not None:
+        # per-request or per-tier draft lengths: its counters are no curve of the drafter
+        return
+    if s.drafts > 0 or s.mean_accepted_length > 1:
+        by_drafter[arm.drafter].append(s)
+
+
+def _acceptance_windows(history: History, incumbent: Arm) -> dict[str, list[WindowStats]]:
+    """Every window whose acceptance counters describe a drafter, per drafter.
+
+    The current epoch's windows alone of the incumbent and its trials' windows on both
+    sides, then those of the earlier epochs whose acceptance still holds. Acceptance is a
+    property of the drafter on this traffic, not of the load (verification accepts the
+    same tokens whatever the batch), so epochs re-opened only because the load moved lend
+    theirs (:meth:`History.acceptance_epochs`) and one curve is fitted over all of them.
+    """
+    by_drafter: dict[str, list[WindowStats]] = defaultdict(list)
+    for w in history.baseline_windows():
+        if w.incumbent is not None and (not w.incumbent_arm or w.incumbent_arm == incumbent.name):
+            _note_acceptance(by_drafter, incumbent.name, w.incumbent)
+    for t in history.in_epoch():
+        for w in t.windows:
+            _note_acceptance(by_drafter, t.incumbent, w.incumbent)
+            _note_acceptance(by_drafter, t.arm, w.canary)
+    for epoch in history.acceptance_epochs()[1:]:
+        for t in history.in_epoch(epoch):
+            for w in t.windows:
+                _note_acceptance(by_drafter, w.incumbent_arm or t.incumbent, w.incumbent)
+                _note_acceptance(by_drafter, t.arm, w.canary)
+        for w in history.baseline_windows(epoch):
+            _note_acceptance(by_drafter, w.incumbent_arm, w.incumbent)
+    return by_drafter
+
+
+def _exclusions(
+    history: History, epoch_trials: Sequence[TrialRecord], incumbent: Arm
+) -> dict[str, str]:
+    """The arms the search must not offer again, each with why.
+
+    An arm the controller found failing on the target (rolled back, or unable to start:
+    :func:`failing_arms`) would fail again there; one whose trial could not start would
+    fail again on the same hardware; one that broke a guardrail in a window was judged on
+    users' requests. An arm aborted before any window (suspended, the target missing, the
+    metrics down) was never measured, so it is as untried as before. The incumbent is
+    never excluded here: it is what is served.
+    """
+    excluded: dict[str, str] = {}
+    for name, why in failing_arms(history).items():
+        if name != incumbent.name:
+            excluded[name] = why
+    for t in epoch_trials:
+        if t.outcome is Outcome.INFEASIBLE:
+            excluded[t.arm] = f"could not start: {t.reason}"
+        if t.outcome is Outcome.ABORTED and t.windows:
+            excluded[t.arm] = f"guardrail: {t.reason}"
+    return excluded
+
+
+@dataclass(frozen=True)
+class _Evidence:
+    """The epoch's paired windows read as measurements of their arms."""
+
+    measured: dict[str, _Measured]
+    """Per arm: its windows' log ratios to the current incumbent, at the current load."""
+    inc_windows: list[WindowStats]
+    """The current incumbent's own windows, alone and beside its trials' canaries."""
+    by_capacity: bool
+    """Whether a window was compared on service rate (both sides saturated)."""
+
+
+def _current_batch(epoch_trials: Sequence[TrialRecord]) -> float:
+    """The incumbent's running batch per pod in the epoch's latest paired window (or NaN).
+
+    That is the load the epoch runs at now, and the one every arm's ratio is read at
+    (:func:`_measure`).
+    """
     paired = sorted(
         (w for t in epoch_trials for w in t.windows if w.incumbent is not None and w.canary),
         key=lambda w: w.start_s,
     )
-    now_b = paired[-1].incumbent.running if paired and paired[-1].incumbent else math.nan
-    by_capacity = False
+    return paired[-1].incumbent.running if paired and paired[-1].incumbent else math.nan
 
-    for name, why in failing_arms(history).items():
-        if name != incumbent.name:
-            b.excluded[name] = why
+
+def _measure(
+    epoch_trials: Sequence[TrialRecord],
+    baseline: Sequence[WindowRecord],
+    incumbent: Arm,
+    sign: float,
+    minimise: bool,
+    tails: _Tails,
+    offsets: dict[str, tuple[float, float, float]],
+) -> _Evidence:
+    """Each trial's paired windows at the current load, as log ratios to the incumbent.
+
+    A window's ratio is taken against the trial's own incumbent and chained to the
+    current one through ``offsets``; a trial whose incumbent cannot be chained, a window
+    with no canary request or whose pair is a backlog's, measures nothing. Where both
+    sides saturated, a latency objective is compared on service rate instead
+    (:func:`_capacity_pair`): a saturated queue's latency is its backlog's age.
+    """
+    measured: dict[str, _Measured] = defaultdict(_Measured)
+    inc_windows: list[WindowStats] = []
+    by_capacity = False
+    for w in baseline:
+        if w.incumbent is not None and (not w.incumbent_arm or w.incumbent_arm == incumbent.name):
+            inc_windows.append(w.incumbent)
+    # An arm's objective ratio is read from its windows at the load of the epoch's latest
+    # paired window. Draft costs grow with the batch (verification runs over b(k+1)
+    # tokens, and a larger batch leaves less idle compute to hide them in), so under a ramp
+    # that stays inside the load-move factor an arm's gain moves window by window, a short
+    # draft gaining on a long one by tens of percent as the batch grows a few times over:
+    # pooled, its early windows hold back the promotion that the current load already
+    # warrants. An arm with no window at the current load is unmeasured again (predicted;
+    # re-tried).
+    now_b = _current_batch(epoch_trials)
     for t in epoch_trials:
-        if t.outcome is Outcome.INFEASIBLE:
-            b.excluded[t.arm] = f"could not start: {t.reason}"
-        if t.outcome is Outcome.ABORTED and t.windows:
-            # Judged on a window (a guardrail). Aborted before any window — suspended, the
-            # target missing, the metrics down — the arm is as untried as before.
-            b.excluded[t.arm] = f"guardrail: {t.reason}"
         offset = offsets.get(t.incumbent)
         for w in t.windows:
             if w.incumbent is not None and t.incumbent == incumbent.name:
@@ -497,10 +616,24 @@ def build_beliefs(
                     if capacity is not None:
                         pair, by_capacity = capacity, True
                     measured[t.arm].add(w.canary, inc_s, sign, pair, offset)
+    return _Evidence(measured, inc_windows, by_capacity)
 
-    # An earlier incumbent of this epoch is a measured arm too: its offset is its ratio.
+
+def _add_earlier_incumbents(
+    epoch_trials: Sequence[TrialRecord],
+    current: str,
+    offsets: dict[str, tuple[float, float, float]],
+    measured: dict[str, _Measured],
+) -> None:
+    """Add each earlier incumbent of the epoch to ``measured``, at its chained offset.
+
+    An arm promoted away from mid-search was measured as the reference of the trials it
+    served beside: its offset to the current incumbent (:func:`_incumbent_offsets`) is its
+    ratio, and its windows beside those trials count as its requests and acceptance. An
+    arm that was also measured as a canary keeps that direct measurement.
+    """
     for t in epoch_trials:
-        if t.incumbent == incumbent.name or t.incumbent not in offsets:
+        if t.incumbent == current or t.incumbent not in offsets:
             continue
         if t.incumbent in measured and measured[t.incumbent].obj_logs:
             continue
@@ -516,16 +649,36 @@ def build_beliefs(
                     m.tokens += w.incumbent.mean_accepted_length * w.incumbent.drafts
                     m.passes += w.incumbent.drafts
 
-    # The incumbent is the reference of every ratio.
+
+def _incumbent_length(inc_windows: Sequence[WindowStats], incumbent: Arm) -> float:
+    """The incumbent's expected tokens per pass over its windows (NaN when unknown).
+
+    Pooled over draft passes (tokens over passes), so each window weighs by how many
+    passes it ran; ``off`` emits one token per pass. An engine that counts no passes but
+    exports a mean accepted length gets the plain mean of those; a drafted incumbent with
+    neither is NaN, for the caller to read off the acceptance curve.
+    """
     inc_tokens = sum(s.mean_accepted_length * s.drafts for s in inc_windows if s.drafts > 0)
     inc_passes = sum(s.drafts for s in inc_windows if s.drafts > 0)
     inc_length = inc_tokens / inc_passes if inc_passes > 0 else 1.0
     if incumbent.drafter is not None and inc_passes == 0:
         lengths = [s.mean_accepted_length for s in inc_windows if s.mean_accepted_length > 1]
         inc_length = float(np.mean(lengths)) if lengths else math.nan
+    return inc_length
 
-    # Acceptance per drafter.
+
+def _survival_curves(
+    space: SearchSpace, by_drafter: dict[str, list[WindowStats]]
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """P(L ≥ i) per drafter of ``space`` whose acceptance was seen, and those unseen.
+
+    Per-position counters give the curve directly (:func:`_survival`). An engine without
+    them (SGLang) exports only a mean accepted length, and a flat per-token acceptance
+    rate fitted to it at the longest draft seen is the least-assuming curve with that
+    mean. A drafter with no window at all is unexplored: the model cannot speak for it.
+    """
     survival: dict[str, np.ndarray] = {}
+    unexplored: list[str] = []
     for d in space.drafters:
         windows = by_drafter.get(d.name, [])
         curve = _survival(windows)
@@ -536,55 +689,106 @@ def build_beliefs(
             a = flat_rate_for_length(best.mean_accepted_length, k)
             curve = a ** np.arange(1, k + 1)
         if len(curve) == 0:
-            b.unexplored_drafters.append(d.name)
+            unexplored.append(d.name)
         else:
             survival[d.name] = curve
-    b.survival = survival
-    if math.isnan(inc_length):
-        # No window of the incumbent yet in this epoch (a load move skips the baseline):
-        # its expected tokens per pass from the carried acceptance curve.
-        seen = survival.get(incumbent.drafter or "")
-        inc_length = _expected(seen, incumbent.k)[0] if seen is not None else 1.0
+    return survival, unexplored
 
-    # Per-token latency of 'off' relative to the incumbent. At saturation the batch sits at
-    # the engine's limit whatever the arm, and an arm with less drafting per token would
-    # run a smaller one: off's latency cannot be inferred from drafted arms, only measured.
-    b.saturated = any(
+
+def _epoch_saturated(epoch_trials: Sequence[TrialRecord], baseline: Sequence[WindowRecord]) -> bool:
+    """Whether any window of the epoch, on either side or alone, found the pods saturated.
+
+    At saturation the batch sits at the engine's limit whatever the arm, and an arm with
+    less drafting per token would run a smaller one: latency ratios there are set by the
+    queue, not by acceptance and draft cost, so they do not extrapolate to other arms.
+    """
+    return any(
         saturated(s)
         for t in epoch_trials
         for w in t.windows
         for s in (w.incumbent, w.canary)
         if s is not None
     ) or any(saturated(w.incumbent) for w in baseline if w.incumbent is not None)
-    priors = {} if b.saturated else _prior_costs(history)
-    tau_off: float | None = None
-    off_inferred = False
+
+
+@dataclass(frozen=True)
+class _OffLatency:
+    """Off's per-token latency relative to the incumbent, and how it was found."""
+
+    tau: float | None
+    """None: not known (neither measured nor inferable)."""
+    inferred: bool = False
+    """Extrapolated to ``k = 0`` from two measured draft lengths."""
+    note: str | None = None
+    """What the decision's reason says about an inferred value."""
+    needs_measuring: bool = False
+    """Unknown, and ``off`` is in the space: it has to be measured."""
+
+
+def _off_latency(
+    space: SearchSpace,
+    incumbent: Arm,
+    inc_length: float,
+    measured: dict[str, _Measured],
+    min_requests: int,
+    priors: dict[str, float],
+    survival: dict[str, np.ndarray],
+    saturated_epoch: bool,
+) -> _OffLatency:
+    """Off's per-token latency relative to the incumbent: the anchor of every cost point.
+
+    In order of how directly it is known: 1 when ``off`` is the incumbent; its measured
+    ratio; inferred from two draft lengths of the incumbent's drafter, which give both
+    the plain step and the draft cost (:func:`_off_from_two_lengths`); or from an earlier
+    epoch's draft cost at a similar load with the incumbent's expected tokens per pass.
+    Under saturation the batch, not the arm, sets the latency, so neither inference
+    holds there (:func:`_epoch_saturated`): ``off`` can then only be measured.
+    """
+    if incumbent.is_off:
+        return _OffLatency(1.0)
+    if OFF.name in measured and not math.isnan(measured[OFF.name].tpot_ratio):
+        return _OffLatency(measured[OFF.name].tpot_ratio)
     two_lengths = (
         None
-        if b.saturated
+        if saturated_epoch
         else _off_from_two_lengths(incumbent, inc_length, measured, min_requests)
     )
-    if incumbent.is_off:
-        tau_off = 1.0
-    elif OFF.name in measured and not math.isnan(measured[OFF.name].tpot_ratio):
-        tau_off = measured[OFF.name].tpot_ratio
-    elif two_lengths is not None:
+    if two_lengths is not None:
         tau_off, other = two_lengths
-        off_inferred = True
-        b.notes.append(
-            f"off's latency inferred from {incumbent.name} and {other}: two draft lengths "
-            "of one drafter give both the plain step and the draft cost"
+        return _OffLatency(
+            tau_off,
+            inferred=True,
+            note=f"off's latency inferred from {incumbent.name} and {other}: two draft "
+            "lengths of one drafter give both the plain step and the draft cost",
         )
-    else:
-        prior = priors.get(incumbent.drafter or "")
-        if prior is not None and incumbent.drafter in survival:
-            tau_off = inc_length / (1 + prior * incumbent.k)
-            b.notes.append(f"off's latency inferred from the earlier draft cost c = {prior:.3f}")
-        elif space.allow_off:
-            b.needs_off = True
+    prior = priors.get(incumbent.drafter or "")
+    if prior is not None and incumbent.drafter in survival:
+        return _OffLatency(
+            inc_length / (1 + prior * incumbent.k),
+            note=f"off's latency inferred from the earlier draft cost c = {prior:.3f}",
+        )
+    return _OffLatency(None, needs_measuring=space.allow_off)
 
-    # Cost points r_d(k) for every measured speculative arm, the incumbent included.
+
+def _cost_points(
+    space: SearchSpace,
+    incumbent: Arm,
+    inc_length: float,
+    measured: dict[str, _Measured],
+    tau_off: float | None,
+    priors: dict[str, float],
+) -> tuple[dict[str, dict[int, float]], dict[str, float]]:
+    r"""Cost points :math:`r_d(k)` per drafter, and the draft cost ``c`` fitted to each.
+
+    A measured arm's pass costs its per-token latency times its tokens per pass, over
+    off's: :math:`r = \tau E / \tau_{\text{off}}` (module docstring), the incumbent's
+    included. ``c`` is the slope of a line through :math:`(0, 1)` fitted by least
+    squares, clamped at 0 (noise can make it negative). A drafter with no measured arm
+    but an earlier epoch's cost at a similar load (``priors``) gets the point
+    :math:`(1, 1 + c)`; without off's latency there is no cost point at all.
+    """
     cost_points: dict[str, dict[int, float]] = defaultdict(dict)
+    costs: dict[str, float] = {}
     if tau_off is not None:
         if incumbent.drafter is not None and incumbent.adaptive is None:
             cost_points[incumbent.drafter][incumbent.k] = inc_length / tau_off
@@ -598,22 +802,83 @@ def build_beliefs(
         for drafter, pts in cost_points.items():
             den = sum(k * k for k in pts)
             c = sum(k * (r - 1) for k, r in pts.items()) / den if den else 0.0
-            b.costs[drafter] = max(c, 0.0)
+            costs[drafter] = max(c, 0.0)
     for d in space.drafters:
         if d.name not in cost_points and d.name in priors and tau_off is not None:
             cost_points[d.name] = {1: 1 + priors[d.name]}
+    return cost_points, costs
 
-    # Objective-to-latency ratio (tails, queueing) as a line in k per drafter, through its
-    # measured arms and, at k = 0, through 'off': a larger k widens the tail (requests that
-    # accept little pay for every drafted position), so a p95 optimum sits below the mean's.
-    # Each point carries its spread (the measured arm's), for the slope's error.
+
+@dataclass(frozen=True)
+class _ShapeLine:
+    """The objective-to-latency ratio (tails, queueing) as a line in ``k`` per drafter.
+
+    Points are (k, log objective ratio minus log per-token latency ratio, spread); ``off``
+    is the point at ``k = 0`` of every drafter's line.
+    """
+
+    points: dict[str, list[tuple[int, float, float]]]
+    off: tuple[int, float, float] | None
+    everything: list[float]
+    """Every drafter's values: their mean stands in for a drafter or ``off`` with none."""
+
+    def line(self, drafter: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The drafter's line's points, 'off' among them: (k, value, spread) as arrays."""
+        pts = list(self.points.get(drafter, ()))
+        if self.off is not None:
+            pts.append(self.off)
+        table = np.array(pts, dtype=float).reshape(-1, 3)
+        return table[:, 0], table[:, 1], table[:, 2]
+
+    def at(self, arm: Arm) -> float:
+        """The line's value at ``arm``'s ``k``: least squares through its drafter's points.
+
+        With one distinct ``k`` the points' mean (a flat line); with no point at all, the
+        mean of every drafter's, since tails and queueing are set by the traffic and the
+        load as much as by the drafter.
+        """
+        if arm.drafter is None:
+            if self.off is not None:
+                return self.off[1]
+            return float(np.mean(self.everything)) if self.everything else 0.0
+        ks, vs, _ = self.line(arm.drafter)
+        if not len(ks):
+            return float(np.mean(self.everything)) if self.everything else 0.0
+        if len(set(ks.tolist())) < 2:
+            return float(np.mean(vs))
+        # Least squares in closed form: np.polyfit goes through LAPACK, whose work buffers
+        # (tens of MB per calling thread) the operator's thread pool would multiply.
+        dk = ks - ks.mean()
+        slope = float(np.dot(dk, vs - vs.mean()) / np.dot(dk, dk))
+        return float(vs.mean() + slope * (arm.k - ks.mean()))
+
+    def slope_error(self, drafter: str) -> float:
+        """Standard error per k of :meth:`at`'s slope, from its points' own spreads.
+
+        For an ordinary least-squares slope through points with spreads σ_i it is
+        √(Σ (k_i − k̄)² σ_i²) / Σ (k_i − k̄)²; 0 without two distinct k (a flat line).
+        """
+        ks, _, sds = self.line(drafter)
+        if len(set(ks.tolist())) < 2:
+            return 0.0
+        dk = ks - ks.mean()
+        return math.sqrt(float(np.dot(dk * dk, np.square(sds)))) / float(np.dot(dk, dk))
+
+
+def _shape_line(measured: dict[str, _Measured], incumbent: Arm, sign: float) -> _ShapeLine:
+    """The objective-to-latency line through the measured arms and, at ``k = 0``, ``off``.
+
+    A larger ``k`` widens the tail (requests that accept little pay for every drafted
+    position), so a p95 optimum sits below the mean's: the ratio is a line in ``k``, not
+    a constant. Each point carries its spread (the measured arm's), for the slope's
+    error; the incumbent, the reference, is exact up to the measurement floor.
+    """
     shape_points: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
     off_point: tuple[int, float, float] | None = (
         (0, 0.0, MEASURED_FLOOR / 2) if incumbent.is_off else None
     )
     if incumbent.drafter is not None:
         shape_points[incumbent.drafter].append((incumbent.k, 0.0, MEASURED_FLOOR / 2))
-    residuals: list[float] = []
     for name, m in measured.items():
         arm = _arm_of(name)
         loss, loss_spread = m.loss
@@ -626,159 +891,213 @@ def build_beliefs(
             off_point = (0, value, loss_spread)
         else:
             shape_points[arm.drafter].append((arm.k, value, loss_spread))
-    all_shapes = [v for pts in shape_points.values() for _, v, _ in pts]
+    everything = [v for pts in shape_points.values() for _, v, _ in pts]
+    return _ShapeLine(shape_points, off_point, everything)
 
-    def line(drafter: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The drafter's line's points, 'off' among them: (k, value, spread) as arrays."""
-        pts = list(shape_points.get(drafter, ()))
-        if off_point is not None:
-            pts.append(off_point)
-        table = np.array(pts, dtype=float).reshape(-1, 3)
-        return table[:, 0], table[:, 1], table[:, 2]
 
-    def shape_at(arm: Arm) -> float:
-        if arm.drafter is None:
-            if off_point is not None:
-                return off_point[1]
-            return float(np.mean(all_shapes)) if all_shapes else 0.0
-        ks, vs, _ = line(arm.drafter)
-        if not len(ks):
-            return float(np.mean(all_shapes)) if all_shapes else 0.0
-        if len(set(ks.tolist())) < 2:
-            return float(np.mean(vs))
-        # Least squares in closed form: np.polyfit goes through LAPACK, whose work buffers
-        # (tens of MB per calling thread) the operator's thread pool would multiply.
-        dk = ks - ks.mean()
-        slope = float(np.dot(dk, vs - vs.mean()) / np.dot(dk, dk))
-        return float(vs.mean() + slope * (arm.k - ks.mean()))
+@dataclass
+class _Model:
+    r"""The acceptance-and-cost model of an arm's objective relative to the incumbent.
 
-    def slope_error(drafter: str) -> float:
-        """Standard error per k of ``shape_at``'s slope, from its points' own spreads.
+    The per-token latency is :math:`\hat\tau_{d,k} = \tau_{\text{off}}\, r_d(k) / E_d(k)`
+    and the objective that times the drafter's objective-to-latency line (module
+    docstring). Its spread is its own error on the measured arms (:meth:`check`), plus a
+    step per draft position it extrapolates acceptance to and, without per-position
+    data, per ``k`` away from a measured one.
+    """
 
-        For an ordinary least-squares slope through points with spreads σ_i it is
-        √(Σ (k_i − k̄)² σ_i²) / Σ (k_i − k̄)²; 0 without two distinct k (a flat line).
-        """
-        ks, _, sds = line(drafter)
-        if len(set(ks.tolist())) < 2:
-            return 0.0
-        dk = ks - ks.mean()
-        return math.sqrt(float(np.dot(dk * dk, np.square(sds)))) / float(np.dot(dk, dk))
+    space: SearchSpace
+    sign: float
+    survival: dict[str, np.ndarray]
+    cost_points: dict[str, dict[int, float]]
+    tau_off: float | None
+    off_inferred: bool
+    shape: _ShapeLine
+    residuals: list[float] = field(default_factory=list)
+    """Measured minus predicted loss of each measured arm the model can predict."""
 
-    def predict(arm: Arm) -> tuple[float, float, float, float]:
+    def predict(self, arm: Arm) -> tuple[float, float, float, float]:
         """(loss, spread, tpot ratio, E) of an arm from the model."""
         if arm.is_off:
             e = 1.0
-            tau = tau_off if tau_off is not None else math.nan
+            tau = self.tau_off if self.tau_off is not None else math.nan
             steps = 0
         else:
             d = arm.drafter or ""
-            if d not in survival or d not in cost_points or tau_off is None:
+            if d not in self.survival or d not in self.cost_points or self.tau_off is None:
                 return math.nan, math.inf, math.nan, math.nan
-            e, steps = _expected(survival[d], arm.k)
-            tau = tau_off * _interp_cost(cost_points[d], arm.k) / e
-        loss = sign * math.log(tau) + shape_at(arm) if tau > 0 else math.nan
+            e, steps = _expected(self.survival[d], arm.k)
+            tau = self.tau_off * _interp_cost(self.cost_points[d], arm.k) / e
+        loss = self.sign * math.log(tau) + self.shape.at(arm) if tau > 0 else math.nan
         spread = MODEL_PRIOR
-        if residuals:
-            spread = max(math.sqrt(float(np.mean(np.square(residuals)))), MEASURED_FLOOR)
-        measured_ks = [k for k in cost_points.get(arm.drafter or "", {})]
-        if arm.is_off and off_inferred:
+        if self.residuals:
+            spread = max(math.sqrt(float(np.mean(np.square(self.residuals)))), MEASURED_FLOOR)
+        measured_ks = [k for k in self.cost_points.get(arm.drafter or "", {})]
+        if arm.is_off and self.off_inferred:
             spread += MODEL_PRIOR  # extrapolated to k = 0 from two measured lengths
         if not arm.is_off:
             spread += EXTRAPOLATION_STEP * steps
-            if not space.per_position and measured_ks:
+            if not self.space.per_position and measured_ks:
                 spread += NO_POSITION_STEP * min(abs(arm.k - k) for k in measured_ks)
         return loss, spread, tau, e
 
-    # The model's error on the arms it can check.
-    for name, m in measured.items():
-        arm = _arm_of(name)
-        loss, _ = m.loss
-        if arm is None or arm.adaptive is not None or math.isnan(loss):
-            continue
-        p_loss, _, _, _ = predict(arm)
-        if not math.isnan(p_loss):
-            residuals.append(loss - p_loss)
+    def check(self, measured: dict[str, _Measured]) -> None:
+        """Record the model's error on the measured arms it can predict (:attr:`residuals`).
 
-    # Measured arms per drafter, the incumbent among them, as anchors for their neighbours.
+        Its root mean square, floored at :data:`MEASURED_FLOOR`, is the spread of every
+        prediction: the model is as good on the arms it did not see as on those it did,
+        and no better than two windows of one arm agree. An adaptive arm is no point of
+        the model and is left out.
+        """
+        for name, m in measured.items():
+            arm = _arm_of(name)
+            loss, _ = m.loss
+            if arm is None or arm.adaptive is not None or math.isnan(loss):
+                continue
+            p_loss, _, _, _ = self.predict(arm)
+            if not math.isnan(p_loss):
+                self.residuals.append(loss - p_loss)
+
+
+def _anchors(
+    measured: dict[str, _Measured], incumbent: Arm, min_requests: int, excluded: dict[str, str]
+) -> dict[str, list[tuple[Arm, float, float]]]:
+    """Measured arms per drafter, the incumbent among them: (arm, loss, spread) each.
+
+    The model's bias on a drafter's measured arms (tails it cannot see, queueing) carries
+    over to their neighbours, so predictions are read relative to them. Only an arm
+    measured on enough requests to be believed, not excluded and not adaptive (whose
+    counters are no point of its drafter's curve) anchors.
+    """
     anchors: dict[str, list[tuple[Arm, float, float]]] = defaultdict(list)
     if incumbent.drafter is not None and incumbent.adaptive is None:
         anchors[incumbent.drafter].append((incumbent, 0.0, MEASURED_FLOOR / 2))
     for name, m in measured.items():
         arm = _arm_of(name)
         loss, spread = m.loss
-        usable = m.requests >= min_requests and not math.isnan(loss) and name not in b.excluded
+        usable = m.requests >= min_requests and not math.isnan(loss) and name not in excluded
         if arm is not None and arm.drafter and arm.adaptive is None and usable:
             anchors[arm.drafter].append((arm, loss, spread))
+    return anchors
 
+
+def _arm_beliefs(
+    space: SearchSpace,
+    incumbent: Arm,
+    inc_length: float,
+    evidence: _Evidence,
+    min_requests: int,
+    excluded: dict[str, str],
+    model: _Model,
+    anchors: dict[str, list[tuple[Arm, float, float]]],
+    saturated_epoch: bool,
+) -> dict[str, ArmBelief]:
+    """The belief about every arm of ``space`` that is not excluded.
+
+    The incumbent is the reference (loss 0); an arm measured on at least
+    ``min_requests`` requests is believed as measured; any other is predicted
+    (:func:`_predicted`), except an adaptive arm, which is never read off another arm
+    (the policy prices it as untried), and an arm the model cannot predict.
+    """
+    out: dict[str, ArmBelief] = {}
     for arm in space.arms():
-        if arm.name in b.excluded:
+        if arm.name in excluded:
             continue
         if arm.name == incumbent.name:
             length = inc_length if not arm.is_off else 1.0
-            b.arms[arm.name] = ArmBelief(
-                arm, 0.0, MEASURED_FLOOR / 2, True, len(inc_windows), 1.0, length
+            out[arm.name] = ArmBelief(
+                arm, 0.0, MEASURED_FLOOR / 2, True, len(evidence.inc_windows), 1.0, length
             )
             continue
-        got = measured.get(arm.name)
+        got = evidence.measured.get(arm.name)
         if got is not None and got.requests >= min_requests:
             loss, spread = got.loss
             if not math.isnan(loss):
                 e = got.tokens / got.passes if got.passes else 1.0
-                b.arms[arm.name] = ArmBelief(
+                out[arm.name] = ArmBelief(
                     arm, loss, spread, True, len(got.obj_logs), got.tpot_ratio, e
                 )
                 continue
         if arm.adaptive is not None:
             continue  # never read off another arm: the policy prices it as untried
-        loss, spread, tau, e = predict(arm)
-        if not math.isnan(loss) and anchors.get(arm.drafter or ""):
-            # The model predicts relative to the measured arms of the same drafter: its bias
-            # there (tails it cannot see, queueing) carries over to the neighbours. Each
-            # anchor gives one estimate; they are pooled by inverse variance.
-            estimates: list[tuple[float, float]] = []
-            nearest: tuple[float, str, float] | None = None  # (spread, anchor, its step)
-            # Under saturation the objective-to-latency line is set by queueing, not by the
-            # acceptance tail, and it is only as sure as the few noisy p95s it was drawn
-            # through: its slope's error joins the model's usual step between neighbouring
-            # k (kv-pressure, seed 40: eagle3/4 read off a one-window eagle3/3 at 0.95× it
-            # "with probability 1.00"; the two are equal).
-            base = ANCHOR_STEP
-            if b.saturated:
-                base = math.hypot(ANCHOR_STEP, slope_error(arm.drafter or ""))
-            step = base + (NO_POSITION_STEP if not space.per_position else 0.0)
-            for a_arm, a_loss, a_spread in anchors[arm.drafter or ""]:
-                a_model, _, _, _ = predict(a_arm)
-                if math.isnan(a_model):
-                    continue
-                sp = a_spread + step * abs(arm.k - a_arm.k)
-                estimates.append((loss + a_loss - a_model, sp))
-                if nearest is None or sp < nearest[0]:
-                    nearest = (sp, a_arm.name, step * abs(arm.k - a_arm.k))
-            if nearest is not None:  # set with the first estimate
-                weights = np.array([1 / (sp * sp) for _, sp in estimates])
-                values = np.array([x for x, _ in estimates])
-                loss = float(np.sum(weights * values) / np.sum(weights))
-                spread = float(1 / math.sqrt(float(np.sum(weights))))
-                b.arms[arm.name] = ArmBelief(
-                    arm, loss, spread, False, 0, tau, e, nearest[1], nearest[2]
-                )
+        belief = _predicted(
+            arm, model, anchors.get(arm.drafter or "", []), space.per_position, saturated_epoch
+        )
+        if belief is not None:
+            out[arm.name] = belief
+    return out
+
+
+def _predicted(
+    arm: Arm,
+    model: _Model,
+    anchors: Sequence[tuple[Arm, float, float]],
+    per_position: bool,
+    saturated_epoch: bool,
+) -> ArmBelief | None:
+    """An untried arm's belief from the model, read relative to its drafter's anchors.
+
+    Each anchor gives one estimate, the model's prediction corrected by its error at the
+    anchor, with the anchor's spread plus a step per ``k`` between them; the estimates
+    are pooled by inverse variance, and the nearest anchor (smallest spread) is named so
+    that the policy draws the two together. With no anchor the model's own prediction
+    stands; None when the model cannot predict the arm.
+    """
+    loss, spread, tau, e = model.predict(arm)
+    if not math.isnan(loss) and anchors:
+        estimates: list[tuple[float, float]] = []
+        nearest: tuple[float, str, float] | None = None  # (spread, anchor, its step)
+        # Under saturation the objective-to-latency line is set by queueing, not by the
+        # acceptance tail, and it is only as sure as the few noisy p95s it was drawn
+        # through: its slope's error joins the model's usual step between neighbouring
+        # k. Without it, a neighbour read off an anchor measured in a single window
+        # would be called better or worse "with probability 1.00" on a line whose slope
+        # the noise of one window's p95 (tens of percent) leaves undetermined.
+        base = ANCHOR_STEP
+        if saturated_epoch:
+            base = math.hypot(ANCHOR_STEP, model.shape.slope_error(arm.drafter or ""))
+        step = base + (NO_POSITION_STEP if not per_position else 0.0)
+        for a_arm, a_loss, a_spread in anchors:
+            a_model, _, _, _ = model.predict(a_arm)
+            if math.isnan(a_model):
                 continue
-        if not math.isnan(loss):
-            b.arms[arm.name] = ArmBelief(arm, loss, spread, False, 0, tau, e)
+            sp = a_spread + step * abs(arm.k - a_arm.k)
+            estimates.append((loss + a_loss - a_model, sp))
+            if nearest is None or sp < nearest[0]:
+                nearest = (sp, a_arm.name, step * abs(arm.k - a_arm.k))
+        if nearest is not None:  # set with the first estimate
+            weights = np.array([1 / (sp * sp) for _, sp in estimates])
+            values = np.array([x for x, _ in estimates])
+            loss = float(np.sum(weights * values) / np.sum(weights))
+            spread = float(1 / math.sqrt(float(np.sum(weights))))
+            return ArmBelief(arm, loss, spread, False, 0, tau, e, nearest[1], nearest[2])
+    if not math.isnan(loss):
+        return ArmBelief(arm, loss, spread, False, 0, tau, e)
+    return None
+
+
+def _closing_notes(space: SearchSpace, by_capacity: bool, tails: _Tails) -> list[str]:
+    """What the decision's reason says about how the beliefs were read, in order.
+
+    An engine without per-position counters leaves other ``k`` to a flat-rate model, a
+    window compared on service rate is no latency comparison, and modelled tails are
+    named with their ratios (:meth:`_Tails.note`).
+    """
+    notes: list[str] = []
     if not space.per_position:
-        b.notes.append(
+        notes.append(
             "the engine exports no per-position acceptance: other k are modelled from a flat "
             "rate and tried rather than trusted"
         )
     if by_capacity:
-        b.notes.append(
+        notes.append(
             "windows where both sides saturated are compared on output tokens per second per "
             "pod: a saturated queue's latency is its backlog's age, its service rate the arm's"
         )
     tail_note = tails.note()
     if tail_note is not None:
-        b.notes.append(tail_note)
-    return b
+        notes.append(tail_note)
+    return notes
 
 
 def _off_from_two_lengths(

@@ -135,8 +135,10 @@ class WindowStats:
 
 #: A bucket that holds this share of a window's observations leaves their spread unknown:
 #: with (almost) none on either side, any shape of the right mean fits the counts, so the
-#: gamma fit's quantile inside the bucket is a guess (load-ramp at 0.3 requests/s:
-#: draft1b/1's 364 per-token latencies all within 10–25 ms, its p95 read 11.5 % low).
+#: gamma fit's quantile inside the bucket is a guess: at light load every request's
+#: per-token latency can fall within one bucket (the low ones each span a factor of two
+#: or more: vLLM's 10–25 ms, 25–50 ms), and a p95 read from its counts can then be off by
+#: a tenth or more either way.
 SOLE_BUCKET_SHARE = 0.99
 
 #: Batches closer than this many requests cost the same per step (memory-bound), whatever

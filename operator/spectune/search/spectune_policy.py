@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import beta as beta_dist
@@ -255,9 +256,11 @@ def guardrail_judgement(
     ``first``: the trial's first window. A catch-up burst there (:func:`catch_up_burst`)
     is set aside, never left unjudged: the canary is judged on the quantile that is its p95
     without the burst (:func:`burst_excluded_quantile`) against the incumbent's p95. A
-    saturated service runs hundreds of requests per pod (load-ramp at 10 requests/s sent a
-    new pod 238 at once, a quarter of its window); without its burst, that window still
-    says how the arm serves the rest. Only a window the burst nearly fills is not judged.
+    saturated service runs hundreds of requests per pod, and the queue that built up while
+    the canary started is sent to it at once: a burst that can be a large share of the
+    window's requests, whose waits say how long the pod took to start, not how the arm
+    serves. Without its burst, that window still says how the arm serves the rest. Only a
+    window the burst nearly fills is not judged.
     """
     q = burst_excluded_quantile(can, inc) if first else 0.95
     if q is None:
@@ -485,115 +488,47 @@ class SpectunePolicy:
         prefix: str,
         running: TrialRecord | None,
     ) -> Decision:
+        """The next trial, promotion or end of the search, from the beliefs the history gives.
+
+        In order: the trial budget; the evidence the model needs before it can predict; the
+        leader (the best measured arm); the stop when it is ε-best with probability 1 − δ;
+        an early promotion of a leader that beats the incumbent with confidence; and else
+        the challenger most likely to improve on the leader, or the running trial extended.
+        """
         minimise = ctx.objective.metric.minimise
         beliefs = build_beliefs(ctx.space, history, ctx.incumbent, minimise, ctx.min_requests)
-        bad_drafters = {
-            a.drafter
-            for t in history.in_epoch()
-            if t.outcome is Outcome.INFEASIBLE and (a := parse_arm(t.arm)).drafter
-        }
+        bad_drafters = _infeasible_drafters(history)
         for name in list(beliefs.arms):
             if beliefs.arms[name].arm.drafter in bad_drafters:
                 del beliefs.arms[name]
-        # A trial ended before its first window (suspended, the target went missing, the
-        # metrics failed) says nothing about its arm: the arm is still untried.
-        tried = {
-            t.arm
-            for t in history.in_epoch()
-            if t.windows or t.outcome in (Outcome.INFEASIBLE, Outcome.RUNNING)
-        }
+        tried, attempts = _tries(history)
         trials = len(history.in_epoch())
-        attempts: dict[str, int] = {}
-        for t in history.in_epoch():
-            if t.arm in tried:
-                attempts[t.arm] = attempts.get(t.arm, 0) + 1
-
-        def decision(kind: DecisionKind, arm: Arm, why: str) -> Decision:
-            reason = f"{prefix}; {why}" if prefix else why
-            if beliefs.notes:
-                reason += " (" + "; ".join(beliefs.notes) + ")"
-            # Every arm's estimate as of this decision, priors of unseen drafters included.
-            return Decision(kind, arm, reason, end, _estimates(beliefs, minimise))
-
-        def finish(leader: Arm, draws: np.ndarray, names: list[str], why: str) -> Decision:
-            # The search ends: the leader replaces the incumbent only when it is ahead of it
-            # with confidence (_not_ahead); otherwise the incumbent stays.
-            held = _not_ahead(draws, names, leader, ctx) or _gap_veto(history, leader, ctx)
-            if held is not None:
-                return decision(DecisionKind.PROMOTE, ctx.incumbent, f"{why}; {held}")
-            return decision(DecisionKind.PROMOTE, _with_schedule(ctx, history, leader), why)
+        turn = _Turn(ctx, history, beliefs, end, prefix)
 
         if trials >= ctx.max_trials:
             leader = _leader(beliefs, measured_only=True) or ctx.incumbent
             names = list(beliefs.arms)
             rng = np.random.default_rng([ctx.seed, history.epoch, trials, _windows(history)])
-            return finish(
+            return turn.finish(
                 leader,
                 posterior_draws(beliefs, names, rng),
                 names,
                 f"trial budget of {ctx.max_trials} spent",
             )
 
-        # 1. Evidence the model needs before it can predict. What drafting costs follows
-        # from `off`, or from another k of the incumbent's drafter (two lengths give the
-        # plain step and the draft cost; model.py) — the way a load move went, or a shorter
-        # one that the incumbent's counters favour — a trial that may itself be the optimum.
-        if beliefs.needs_off and OFF.name not in tried and OFF.name not in beliefs.excluded:
-            second = _second_length(ctx, history, beliefs, tried | set(beliefs.excluded))
-            if second is not None:
-                arm, how = second
-                return decision(
-                    DecisionKind.TRIAL,
-                    arm,
-                    f"measuring {arm.name} rather than off: {how}, and a second draft length "
-                    f"of {arm.drafter} gives the plain step and the draft cost at this load",
-                )
-            why = "measuring off to learn what drafting costs"
-            if beliefs.saturated:
-                why += (
-                    ": the pods are saturated (requests queue for many steps), so drafted "
-                    "arms' latencies say nothing about an arm that drafts less"
-                )
-            return decision(DecisionKind.TRIAL, OFF, why)
-        # A drafter whose acceptance was never seen enters the race at its largest k (one
-        # trial there predicts every smaller k) with a wide prior relative to off's belief
-        # (UNEXPLORED_GAIN; the incumbent's when off cannot be estimated yet): it is tried
-        # when nothing the model can see is more promising, and it keeps the search from
-        # stopping until it has been ruled in or out.
-        # A drafter whose acceptance is known but which the model cannot price at this load
-        # (the load moved while `off` ran: no draft cost has been measured at it) enters
-        # the same way, halfway up its k range, as a second length does after a fall.
-        priced = {b.arm.drafter for b in beliefs.arms.values()}
-        off_belief = beliefs.arms.get(OFF.name)
-        prior = (off_belief.loss if off_belief is not None else 0.0) - UNEXPLORED_GAIN
-        for d in ctx.space.drafters:
-            if d.name in bad_drafters:
-                continue
-            mean, spread = prior, UNEXPLORED_SPREAD
-            if d.name in beliefs.unexplored_drafters:
-                arm, mean, spread = unexplored_prior(d, beliefs, ctx)
-            elif d.name in beliefs.survival and d.name not in priced:
-                arm = Arm(d.name, math.ceil(d.max_k / 2))
-            else:
-                continue
-            if arm.name not in tried and arm.name not in beliefs.excluded:
-                beliefs.arms[arm.name] = ArmBelief(arm, mean, spread, False, 0, math.nan, math.nan)
-        # A listed in-engine adaptive arm is its own experiment: no other arm's counters
-        # predict it (its k moves per step, per request or per tier), so until its own
-        # trial has measured it, it races with the wide prior of an unseen drafter.
-        for arm in ctx.space.adaptive:
-            if arm.drafter in bad_drafters or arm.name in beliefs.arms:
-                continue
-            if arm.name not in tried and arm.name not in beliefs.excluded:
-                beliefs.arms[arm.name] = ArmBelief(
-                    arm, prior, UNEXPLORED_SPREAD, False, 0, math.nan, math.nan
-                )
+        # 1. Evidence the model needs before it can predict, and priors for what it cannot.
+        needed = _needed_evidence(turn, tried)
+        if needed is not None:
+            return needed
+        _add_unpriced(beliefs, ctx, bad_drafters, tried)
 
         # 2. The leader: the best measured arm (the incumbent counts as measured). Unmeasured
         # arms only ever challenge it: nothing is promoted on a prediction alone.
         best = _leader(beliefs, measured_only=True)
         if best is None:
-            return decision(DecisionKind.PROMOTE, ctx.incumbent, "no candidate can be estimated")
+            return turn.decision(
+                DecisionKind.PROMOTE, ctx.incumbent, "no candidate can be estimated"
+            )
         leader = best
         lb = beliefs.arms[leader.name]
 
@@ -605,7 +540,7 @@ class SpectunePolicy:
         tol = math.log(1 + ctx.epsilon)
         p_ok = float(np.mean(draws[:, li] <= draws.min(axis=1) + tol))
         if p_ok >= 1 - ctx.delta:
-            return finish(
+            return turn.finish(
                 leader,
                 draws,
                 names,
@@ -613,145 +548,386 @@ class SpectunePolicy:
                 f"{p_ok:.2f}: {_describe(lb, minimise, ctx)}",
             )
 
-        # 4. The challenger (below); an arm tried MAX_TRIALS_PER_ARM times is not restarted.
+        # 4. The challenger (_challenge); an arm tried MAX_TRIALS_PER_ARM times is not restarted.
         beats = np.mean(draws < draws[:, [li]] - tol, axis=0)
         beats[li] = -1.0
         # 4a. A leader that beats the incumbent with confidence is promoted now, and the
         # search goes on against it: users get the gain while the last doubts are settled.
         if leader.name != ctx.incumbent.name:
-            ii = names.index(ctx.incumbent.name) if ctx.incumbent.name in names else -1
-            better = float(np.mean(draws[:, li] < draws[:, ii] - tol)) if ii >= 0 else 0.0
-            why = (
-                f"{leader.name} beats the incumbent {ctx.incumbent.name} by "
-                f"{ctx.epsilon:.0%} with probability {better:.2f}"
-            )
-            unsure = better < 1 - ctx.delta and ii >= 0
-            ahead = float(np.mean(draws[:, li] < draws[:, ii])) if unsure else math.nan
-            amp = (
-                _amplified(history, ctx.incumbent.name, leader.name, ctx.objective.metric)
-                if unsure
-                else None
-            )
-            faster, alone_how = amp if amp is not None else (None, "")
-            if faster is not None:
-                # The lead at the target's load follows from the per-token lead, measured
-                # to a percent per window, not from the trials' p95s at a lighter load,
-                # which move by tens of percent: the objective only must not show the
-                # leader behind with confidence. No ε margin: that load widens the lead.
-                if ahead >= ctx.delta:
-                    better = max(ahead, faster)
-                why = (
-                    f"{leader.name} beats the incumbent {ctx.incumbent.name} at the target's "
-                    f"load (no margin: the incumbent {alone_how} alone, and {leader.name}, with "
-                    f"a KV pool as large, is faster per token with probability {faster:.2f} "
-                    f"and ahead in the trials with probability {ahead:.2f})"
-                )
-            moving = None
-            if unsure and faster is None:
-                moving = _load_favours(history, ctx.incumbent, leader)
-            if moving is not None:
-                # The load is still moving the way that widens this leader's lead (a
-                # shorter k gains as the batch grows, a longer one as it shrinks): the
-                # lead measured now is the least it will have once promoted.
-                better = ahead
-                why = (
-                    f"{leader.name} beats the incumbent {ctx.incumbent.name} with probability "
-                    f"{better:.2f} (no margin: {moving})"
-                )
-            confident = better >= 1 - ctx.delta
-            sure = None
-            if confident and moving is None and faster is None:
-                sure = _sure_refinement(beliefs, names, beats, tried, ctx, leader)
-            if sure is not None:
-                # An arm read off the measured ones beats this leader by ε with confidence,
-                # by at least as much as the leader beats the incumbent: the search would
-                # promote it next, so it is tried first. One rollout fewer, the answer one
-                # trial sooner; the leader stays the fallback.
-                # Not while a load move goes on: the best k moves with it. Nor when the
-                # leader's lead rests on the incumbent saturating or queueing alone (the
-                # shortcut above): every minute the incumbent stays costs users its queue,
-                # and the refinement's lead is read at the trial's lighter load (one
-                # replica: half the target's), so it waits for its own trial against the
-                # promoted leader (kv-pressure, seeds 15 and 17: deferred for eagle3/4's
-                # trial, the promotion of eagle3/8 or eagle3/3 over a queueing draft7b/4
-                # came after the run's end).
-                sb = beliefs.arms[sure.name]
-                return decision(
-                    DecisionKind.TRIAL,
-                    sure,
-                    f"{why}, but {sure.name} beats {leader.name} by {ctx.epsilon:.0%} with "
-                    f"probability {beats[names.index(sure.name)]:.2f}, by more than "
-                    f"{leader.name} beats the incumbent: trying {sure.name} before promoting "
-                    f"either ({_describe(sb, minimise, ctx)}; {_describe(lb, minimise, ctx)})",
-                )
-            refuted = _gap_veto(history, leader, ctx) if confident else None
-            if refuted is not None:
-                return decision(DecisionKind.PROMOTE, ctx.incumbent, f"{why}, but {refuted}")
-            if confident:
-                return Decision(
-                    DecisionKind.PROMOTE,
-                    leader,
-                    f"{why} ({_describe(lb, minimise, ctx)}); promoting it while the search "
-                    "goes on",
-                    end,
-                    _estimates(beliefs, minimise),
-                    final=False,
-                )
-        for i, n in enumerate(names):
-            if i != li and attempts.get(n, 0) >= MAX_TRIALS_PER_ARM:
-                beats[i] = -1.0
-            if n == ctx.incumbent.name:
-                beats[i] = -1.0  # the incumbent is measured all the time; no trial needed
-        # Among arms that beat the leader by ε with probability at least δ, the one with
-        # the largest expected improvement: a drafter never seen (wide prior) outranks a
-        # small, likely refinement of k, which the next epoch of evidence can still make.
-        gain = np.mean(np.maximum(draws[:, [li]] - draws - tol, 0.0), axis=0)
-        gain[beats < ctx.delta] = -1.0
-        ci = int(np.argmax(gain)) if np.max(gain) >= 0 else int(np.argmax(beats))
-        challenger = beliefs.arms[names[ci]].arm
-        # The arm on the canary is extended by a window (no restart) when it is still the
-        # leader or the challenger: its own figures, not its drafter's, are in question —
-        # unless it leads and the challenger beats it by ε with confidence: then no window
-        # of the leader can spare the challenger's trial.
-        extend = running is not None and len(running.windows) < MAX_WINDOWS_PER_TRIAL
-        in_race = running is not None and (
-            running.arm == challenger.name
-            or (running.arm == leader.name and beats[ci] < 1 - ctx.delta)
+            promoted = _promote_early(turn, leader, draws, names, beats, tried)
+            if promoted is not None:
+                return promoted
+        return _challenge(turn, leader, draws, names, beats, p_ok, attempts, running)
+
+
+def _infeasible_drafters(history: History) -> set[str]:
+    """The drafters of the epoch's arms that could not start.
+
+    What keeps an arm from starting is its drafter's memory (weights, KV pool share), not
+    its ``k``: every arm of that drafter would fail the same way on the same pods.
+    """
+    return {
+        a.drafter
+        for t in history.in_epoch()
+        if t.outcome is Outcome.INFEASIBLE and (a := parse_arm(t.arm)).drafter
+    }
+
+
+def _tries(history: History) -> tuple[set[str], dict[str, int]]:
+    """The epoch's tried arms, and how many trials each has had.
+
+    A trial ended before its first window (suspended, the target went missing, the
+    metrics failed) says nothing about its arm: the arm is still untried, and the trial
+    counts towards no arm's attempts. One that could not start, or is running, counts.
+    """
+    tried = {
+        t.arm
+        for t in history.in_epoch()
+        if t.windows or t.outcome in (Outcome.INFEASIBLE, Outcome.RUNNING)
+    }
+    attempts: dict[str, int] = {}
+    for t in history.in_epoch():
+        if t.arm in tried:
+            attempts[t.arm] = attempts.get(t.arm, 0) + 1
+    return tried, attempts
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """One decision's inputs, and the two ways it ends: a plain decision or the search's end.
+
+    Every reason the policy gives starts with the caller's ``prefix`` (why the last trial
+    ended) and ends with the model's notes, and carries every arm's estimate as of this
+    decision, priors of unseen drafters included: what a user reads is the whole
+    evidence the decision rests on.
+    """
+
+    ctx: TuningContext
+    history: History
+    beliefs: Beliefs
+    end: Outcome | None
+    prefix: str
+
+    def decision(self, kind: DecisionKind, arm: Arm, why: str) -> Decision:
+        """A decision with the prefix, the model's notes and every arm's estimate."""
+        reason = f"{self.prefix}; {why}" if self.prefix else why
+        if self.beliefs.notes:
+            reason += " (" + "; ".join(self.beliefs.notes) + ")"
+        # Every arm's estimate as of this decision, priors of unseen drafters included.
+        minimise = self.ctx.objective.metric.minimise
+        return Decision(kind, arm, reason, self.end, _estimates(self.beliefs, minimise))
+
+    def finish(self, leader: Arm, draws: np.ndarray, names: list[str], why: str) -> Decision:
+        """The search's end: the leader, or the incumbent where the leader is not ahead.
+
+        The leader replaces the incumbent only when it is ahead of it with confidence
+        (:func:`_not_ahead`) and no measured gap refutes its lead (:func:`_gap_veto`): a
+        promotion costs a restart, and one on a lead within the noise would as likely
+        be a loss.
+        """
+        ctx, history = self.ctx, self.history
+        held = _not_ahead(draws, names, leader, ctx) or _gap_veto(history, leader, ctx)
+        if held is not None:
+            return self.decision(DecisionKind.PROMOTE, ctx.incumbent, f"{why}; {held}")
+        return self.decision(DecisionKind.PROMOTE, _with_schedule(ctx, history, leader), why)
+
+
+def _needed_evidence(turn: _Turn, tried: set[str]) -> Decision | None:
+    """The trial the model needs before it can predict what drafting costs, or None.
+
+    What drafting costs follows from ``off``, or from another k of the incumbent's drafter
+    (two lengths give the plain step and the draft cost; model.py) — the way a load move
+    went, or a shorter one that the incumbent's counters favour — a trial that may itself
+    be the optimum. Under saturation neither is read off drafted arms: the batch sits at
+    the engine's limit whatever the arm, so only ``off``'s own trial says what it costs.
+    """
+    ctx, history, beliefs = turn.ctx, turn.history, turn.beliefs
+    if not (beliefs.needs_off and OFF.name not in tried and OFF.name not in beliefs.excluded):
+        return None
+    second = _second_length(ctx, history, beliefs, tried | set(beliefs.excluded))
+    if second is not None:
+        arm, how = second
+        return turn.decision(
+            DecisionKind.TRIAL,
+            arm,
+            f"measuring {arm.name} rather than off: {how}, and a second draft length "
+            f"of {arm.drafter} gives the plain step and the draft cost at this load",
         )
-        # So is an arm the ongoing load move favours over the incumbent (_load_favours)
-        # while it is not behind it with confidence: its lead grows window by window as the
-        # move goes on (load-ramp: draft1b/1 at 1.02× draft1b/4 with 7 requests per pod,
-        # 0.87× at 14), and a trial moved on from it would leave the lead unseen.
-        race = f"P(within ε) = {p_ok:.2f}"
-        if running is not None and not in_race and {running.arm, ctx.incumbent.name} <= set(names):
-            ri, ii = names.index(running.arm), names.index(ctx.incumbent.name)
-            favoured = _load_favours(history, ctx.incumbent, parse_arm(running.arm))
-            if favoured is not None and float(np.mean(draws[:, ri] < draws[:, ii])) >= ctx.delta:
-                in_race, race = True, favoured
-        if extend and in_race and running is not None and beats[ci] >= ctx.delta:
-            return Decision(
-                DecisionKind.TRIAL,
-                parse_arm(running.arm),
-                f"{running.arm} is still in the race ({race}); measuring another window",
-                None,
-                _estimates(beliefs, minimise),
-            )
-        if beats[ci] < ctx.delta:
-            return finish(
-                leader,
-                draws,
-                names,
-                f"no arm is likely to beat {leader.name} by {ctx.epsilon:.0%} "
-                f"(P(within ε) = {p_ok:.2f})",
+    why = "measuring off to learn what drafting costs"
+    if beliefs.saturated:
+        why += (
+            ": the pods are saturated (requests queue for many steps), so drafted "
+            "arms' latencies say nothing about an arm that drafts less"
+        )
+    return turn.decision(DecisionKind.TRIAL, OFF, why)
+
+
+def _add_unpriced(
+    beliefs: Beliefs, ctx: TuningContext, bad_drafters: set[str], tried: set[str]
+) -> None:
+    """Add a wide prior belief for each arm the model cannot price, so it enters the race.
+
+    A drafter whose acceptance was never seen enters at its largest k (one trial there
+    predicts every smaller k) with a wide prior relative to off's belief
+    (:data:`UNEXPLORED_GAIN`; the incumbent's when off cannot be estimated yet): it is
+    tried when nothing the model can see is more promising, and it keeps the search from
+    stopping until it has been ruled in or out. A drafter whose acceptance is known but
+    which the model cannot price at this load (the load moved while ``off`` ran: no draft
+    cost has been measured at it) enters the same way, halfway up its k range, as a
+    second length does after a fall. A listed in-engine adaptive arm is its own
+    experiment: no other arm's counters predict it (its k moves per step, per request or
+    per tier), so until its own trial has measured it, it races with the wide prior of an
+    unseen drafter.
+    """
+    priced = {b.arm.drafter for b in beliefs.arms.values()}
+    off_belief = beliefs.arms.get(OFF.name)
+    prior = (off_belief.loss if off_belief is not None else 0.0) - UNEXPLORED_GAIN
+    for d in ctx.space.drafters:
+        if d.name in bad_drafters:
+            continue
+        mean, spread = prior, UNEXPLORED_SPREAD
+        if d.name in beliefs.unexplored_drafters:
+            arm, mean, spread = unexplored_prior(d, beliefs, ctx)
+        elif d.name in beliefs.survival and d.name not in priced:
+            arm = Arm(d.name, math.ceil(d.max_k / 2))
+        else:
+            continue
+        if arm.name not in tried and arm.name not in beliefs.excluded:
+            beliefs.arms[arm.name] = ArmBelief(arm, mean, spread, False, 0, math.nan, math.nan)
+    for arm in ctx.space.adaptive:
+        if arm.drafter in bad_drafters or arm.name in beliefs.arms:
+            continue
+        if arm.name not in tried and arm.name not in beliefs.excluded:
+            beliefs.arms[arm.name] = ArmBelief(
+                arm, prior, UNEXPLORED_SPREAD, False, 0, math.nan, math.nan
             )
 
-        cb = beliefs.arms[challenger.name]
-        return decision(
-            DecisionKind.TRIAL,
-            challenger,
-            f"{challenger.name} may beat {leader.name} by {ctx.epsilon:.0%} "
-            f"(P = {beats[ci]:.2f}): {_describe(cb, minimise, ctx)}",
+
+@dataclass(frozen=True)
+class _Lead:
+    """How surely a leader beats the incumbent, and on what grounds."""
+
+    better: float
+    """The probability that it does (by ε, or without margin on a shortcut)."""
+    why: str
+    """The sentence that says so, for the decision's reason."""
+    shortcut: bool
+    """The lead rests on the target's load rather than on the trials' objective alone:
+    the incumbent saturating or queueing alone (:func:`_amplified`), or a load move that
+    widens the lead (:func:`_load_favours`)."""
+
+
+def _lead_over_incumbent(turn: _Turn, leader: Arm, draws: np.ndarray, names: list[str]) -> _Lead:
+    """How surely ``leader`` beats the incumbent at the load it will carry once promoted.
+
+    On the posterior draws, by ε. Where that is not sure, two facts about the target's
+    load can make it so without the margin. An incumbent that saturates or queues alone
+    turns a per-token lead into a larger one on the objective (:func:`_amplified`), and
+    the per-token lead is measured to a percent per window, where the trials' p95s at a
+    lighter load move by tens of percent; and a load that is still moving the way that
+    favours the leader (a shorter k gains as the batch grows, a longer one as it shrinks:
+    :func:`_load_favours`) makes the lead measured now the least it will have.
+    """
+    ctx, history = turn.ctx, turn.history
+    li = names.index(leader.name)
+    tol = math.log(1 + ctx.epsilon)
+    ii = names.index(ctx.incumbent.name) if ctx.incumbent.name in names else -1
+    better = float(np.mean(draws[:, li] < draws[:, ii] - tol)) if ii >= 0 else 0.0
+    why = (
+        f"{leader.name} beats the incumbent {ctx.incumbent.name} by "
+        f"{ctx.epsilon:.0%} with probability {better:.2f}"
+    )
+    unsure = better < 1 - ctx.delta and ii >= 0
+    ahead = float(np.mean(draws[:, li] < draws[:, ii])) if unsure else math.nan
+    amp = (
+        _amplified(history, ctx.incumbent.name, leader.name, ctx.objective.metric)
+        if unsure
+        else None
+    )
+    faster, alone_how = amp if amp is not None else (None, "")
+    if faster is not None:
+        # The lead at the target's load follows from the per-token lead, measured
+        # to a percent per window, not from the trials' p95s at a lighter load,
+        # which move by tens of percent: the objective only must not show the
+        # leader behind with confidence. No ε margin: that load widens the lead.
+        if ahead >= ctx.delta:
+            better = max(ahead, faster)
+        why = (
+            f"{leader.name} beats the incumbent {ctx.incumbent.name} at the target's "
+            f"load (no margin: the incumbent {alone_how} alone, and {leader.name}, with "
+            f"a KV pool as large, is faster per token with probability {faster:.2f} "
+            f"and ahead in the trials with probability {ahead:.2f})"
         )
+    moving = None
+    if unsure and faster is None:
+        moving = _load_favours(history, ctx.incumbent, leader)
+    if moving is not None:
+        # The load is still moving the way that widens this leader's lead (a
+        # shorter k gains as the batch grows, a longer one as it shrinks): the
+        # lead measured now is the least it will have once promoted.
+        better = ahead
+        why = (
+            f"{leader.name} beats the incumbent {ctx.incumbent.name} with probability "
+            f"{better:.2f} (no margin: {moving})"
+        )
+    return _Lead(better, why, faster is not None or moving is not None)
+
+
+def _promote_early(
+    turn: _Turn,
+    leader: Arm,
+    draws: np.ndarray,
+    names: list[str],
+    beats: np.ndarray,
+    tried: set[str],
+) -> Decision | None:
+    """The promotion of a leader that beats the incumbent with confidence, or None.
+
+    Promoted now, with the search going on against it: users get the gain while the
+    last doubts are settled. Two things come first: a predicted refinement sure to beat
+    the leader by more than the leader beats the incumbent is tried before either is
+    promoted (:func:`_sure_refinement`), and a measured gap that refutes the lead keeps
+    the incumbent (:func:`_gap_veto`).
+    """
+    ctx, history, beliefs = turn.ctx, turn.history, turn.beliefs
+    minimise = ctx.objective.metric.minimise
+    lb = beliefs.arms[leader.name]
+    lead = _lead_over_incumbent(turn, leader, draws, names)
+    confident = lead.better >= 1 - ctx.delta
+    sure = None
+    if confident and not lead.shortcut:
+        sure = _sure_refinement(beliefs, names, beats, tried, ctx, leader)
+    if sure is not None:
+        # An arm read off the measured ones beats this leader by ε with confidence,
+        # by at least as much as the leader beats the incumbent: the search would
+        # promote it next, so it is tried first. One rollout fewer, the answer one
+        # trial sooner; the leader stays the fallback.
+        # Not while a load move goes on: the best k moves with it. Nor when the
+        # leader's lead rests on the incumbent saturating or queueing alone (the
+        # shortcut above): every minute the incumbent stays costs users its queue,
+        # and the refinement's lead is read at the trial's lighter load (one
+        # replica: half the target's), so it waits for its own trial against the
+        # promoted leader. Deferring the promotion for a trial of the refinement
+        # would keep the queueing incumbent in place for that trial's windows, and
+        # under queueing the cost of that delay grows like ρ/(1 − ρ), far beyond
+        # the ε the refinement might add.
+        sb = beliefs.arms[sure.name]
+        return turn.decision(
+            DecisionKind.TRIAL,
+            sure,
+            f"{lead.why}, but {sure.name} beats {leader.name} by {ctx.epsilon:.0%} with "
+            f"probability {beats[names.index(sure.name)]:.2f}, by more than "
+            f"{leader.name} beats the incumbent: trying {sure.name} before promoting "
+            f"either ({_describe(sb, minimise, ctx)}; {_describe(lb, minimise, ctx)})",
+        )
+    refuted = _gap_veto(history, leader, ctx) if confident else None
+    if refuted is not None:
+        return turn.decision(DecisionKind.PROMOTE, ctx.incumbent, f"{lead.why}, but {refuted}")
+    if confident:
+        return Decision(
+            DecisionKind.PROMOTE,
+            leader,
+            f"{lead.why} ({_describe(lb, minimise, ctx)}); promoting it while the search goes on",
+            turn.end,
+            _estimates(beliefs, minimise),
+            final=False,
+        )
+    return None
+
+
+def _challenge(
+    turn: _Turn,
+    leader: Arm,
+    draws: np.ndarray,
+    names: list[str],
+    beats: np.ndarray,
+    p_ok: float,
+    attempts: dict[str, int],
+    running: TrialRecord | None,
+) -> Decision:
+    """The next trial against ``leader``, another window of the running one, or the end.
+
+    Among arms that beat the leader by ε with probability at least δ, the one with the
+    largest expected improvement: a drafter never seen (wide prior) outranks a small,
+    likely refinement of k, which the next epoch of evidence can still make. An arm
+    tried :data:`MAX_TRIALS_PER_ARM` times is not restarted, and the incumbent is
+    measured all the time. With no such arm the search ends (:meth:`_Turn.finish`).
+    """
+    ctx, beliefs = turn.ctx, turn.beliefs
+    minimise = ctx.objective.metric.minimise
+    li = names.index(leader.name)
+    tol = math.log(1 + ctx.epsilon)
+    for i, n in enumerate(names):
+        if i != li and attempts.get(n, 0) >= MAX_TRIALS_PER_ARM:
+            beats[i] = -1.0
+        if n == ctx.incumbent.name:
+            beats[i] = -1.0  # the incumbent is measured all the time; no trial needed
+    gain = np.mean(np.maximum(draws[:, [li]] - draws - tol, 0.0), axis=0)
+    gain[beats < ctx.delta] = -1.0
+    ci = int(np.argmax(gain)) if np.max(gain) >= 0 else int(np.argmax(beats))
+    challenger = beliefs.arms[names[ci]].arm
+    race = None
+    if running is not None:
+        race = _in_race(turn, running, leader, challenger, float(beats[ci]), draws, names, p_ok)
+    extend = running is not None and len(running.windows) < MAX_WINDOWS_PER_TRIAL
+    if extend and race is not None and running is not None and beats[ci] >= ctx.delta:
+        return Decision(
+            DecisionKind.TRIAL,
+            parse_arm(running.arm),
+            f"{running.arm} is still in the race ({race}); measuring another window",
+            None,
+            _estimates(beliefs, minimise),
+        )
+    if beats[ci] < ctx.delta:
+        return turn.finish(
+            leader,
+            draws,
+            names,
+            f"no arm is likely to beat {leader.name} by {ctx.epsilon:.0%} "
+            f"(P(within ε) = {p_ok:.2f})",
+        )
+
+    cb = beliefs.arms[challenger.name]
+    return turn.decision(
+        DecisionKind.TRIAL,
+        challenger,
+        f"{challenger.name} may beat {leader.name} by {ctx.epsilon:.0%} "
+        f"(P = {beats[ci]:.2f}): {_describe(cb, minimise, ctx)}",
+    )
+
+
+def _in_race(
+    turn: _Turn,
+    running: TrialRecord,
+    leader: Arm,
+    challenger: Arm,
+    challenger_beats: float,
+    draws: np.ndarray,
+    names: list[str],
+    p_ok: float,
+) -> str | None:
+    """Why the arm on the canary is still in the race, or None when it is not.
+
+    It is when it is still the leader or the challenger: its own figures, not its
+    drafter's, are in question — unless it leads and the challenger beats it by ε with
+    confidence: then no window of the leader can spare the challenger's trial. So is an
+    arm the ongoing load move favours over the incumbent (:func:`_load_favours`) while it
+    is not behind it with confidence: draft costs grow with the batch, so its lead grows
+    window by window as the move goes on (a doubling of the batch can turn a tie into a
+    lead of a tenth or more), and a trial moved on from it would leave the lead unseen.
+    Another window of it needs no restart.
+    """
+    ctx = turn.ctx
+    in_race = running.arm == challenger.name or (
+        running.arm == leader.name and challenger_beats < 1 - ctx.delta
+    )
+    race = f"P(within ε) = {p_ok:.2f}"
+    if not in_race and {running.arm, ctx.incumbent.name} <= set(names):
+        ri, ii = names.index(running.arm), names.index(ctx.incumbent.name)
+        favoured = _load_favours(turn.history, ctx.incumbent, parse_arm(running.arm))
+        if favoured is not None and float(np.mean(draws[:, ri] < draws[:, ii])) >= ctx.delta:
+            in_race, race = True, favoured
+    return race if in_race else None
 
 
 def _sure_refinement(
@@ -921,9 +1097,10 @@ def _load_favours(history: History, incumbent: Arm, leader: Arm) -> str | None:
     (:func:`_service_batch`) beyond the one that showed the move, by at least
     :data:`~spectune.search.objective.SMALL_BATCH_CHANGE` in the same direction, the move
     is going on: the leader's lead will be larger by the time it is rolled out, and
-    under a ramp the lead the trials measure lags the load (load-ramp: draft1b/1 against
-    draft1b/4 at 0.96× with 8 requests per pod, 0.2× at the ramp's top). Other drafters
-    are not compared this way: their costs grow with the batch at their own rates.
+    under a ramp the lead the trials measure lags the load (once the load passes what the
+    incumbent can serve, its queue grows without bound while the leader's may not, and a
+    small lead in a trial becomes a large one). Other drafters are not compared this way:
+    their costs grow with the batch at their own rates.
     """
     moved = _load_move(history)
     direction = _move_direction(moved)
@@ -1185,15 +1362,16 @@ def _amplified(
     token faster than the incumbent beside it and has a KV pool at least as large, then at
     the target's load the leader runs a smaller batch and admits at least as many
     requests: it queues less, and the lead the trial showed is the least it will have
-    there (kv-pressure on two replicas: eagle3/3 measured at 0.91× a saturating
-    draft7b/4's e2e p95 in trials is 0.67× at the target's load). The
-    ε margin, which asks a change to be worth its restart, is then met by that
-    amplification, and what decides is whether the leader is faster per token at all:
-    the mean per-token latency of thousands of tokens, whose ratio varies by
-    :data:`~spectune.search.model.MEASURED_FLOOR` between windows, where the trials' p95
-    of a few hundred requests at a lighter load varies by ten times that (kv-pressure:
-    eagle3/3 at 0.90× and 0.94× on e2e p95, 0.95× and 0.94× per token, in two windows).
-    Normal in log space over the windows, with their spread floored at that.
+    there (by Little's law a pod's batch is its arrival rate times the time a request
+    spends in it, so at the same rate the faster arm runs the smaller batch, which is
+    faster still per step, while the saturated one queues: a lead of a few percent per
+    token becomes tens of percent on the p95). The ε margin, which asks a change to be
+    worth its restart, is then met by that amplification, and what decides is whether the
+    leader is faster per token at all: the mean per-token latency of thousands of tokens,
+    whose ratio varies by :data:`~spectune.search.model.MEASURED_FLOOR` between windows,
+    where the trials' p95 of a few hundred requests at a lighter load varies by ten times
+    that: a p95 rests on the dozen or so requests in its top twentieth, a mean on every
+    token. Normal in log space over the windows, with their spread floored at that.
     """
     alone = [
         w.incumbent
@@ -1259,11 +1437,11 @@ def _queues_alone(alone: WindowStats, beside: Sequence[WindowStats], metric: Met
     target's load is on the rising part of the queueing curve, where the wait grows like
     ρ/(1 − ρ) with the utilisation ρ, and an arm that needs less time per token (lower ρ)
     gains more there than at the trial's lighter load. Short of saturation, so the
-    incumbent's batch still measures its speed (kv-pressure, seed 16: draft7b/4's queue
-    p95 1.3 s alone and 0.4 s beside eagle3/3's canary, with eagle3/3 at 0.86–0.92× on
-    the trials' e2e p95 — and 0.68× at the target's load, in the bench's oracle for that
-    seed). A TPOT objective leaves the queue out, and a larger batch costs
-    a drafting arm more per token (SmartSpec): no such premise there.
+    incumbent's batch still measures its speed: a queue that triples when the canary's
+    share of the load returns to the target is the steep part of that curve, and a lead
+    of a tenth on the trials' p95 can become a third at the target's load. A TPOT
+    objective leaves the queue out, and a larger batch costs a drafting arm more per
+    token (SmartSpec): no such premise there.
     """
     if metric not in (Metric.E2E_P95, Metric.TTFT_P95) or math.isnan(alone.queue_p95_low):
         return False
