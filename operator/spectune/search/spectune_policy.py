@@ -1221,11 +1221,10 @@ def _gap_ratios(history: History, arm: str) -> list[float]:
     return ratios
 
 
-def _across_gap(history: History, arm: str) -> bool:
-    """Whether every trial window of this epoch that measured ``arm``'s canary carried
-    another load per pod than the target's own: outside
-    :data:`~spectune.search.history.MATCHED_LOAD_BAND`. False without both."""
-    ratios = _gap_ratios(history, arm)
+def _across_gap(ratios: Sequence[float]) -> bool:
+    """Whether every trial window of an arm (its :func:`_gap_ratios`) carried another load
+    per pod than the target's own: outside
+    :data:`~spectune.search.history.MATCHED_LOAD_BAND`. False without a window."""
     return bool(ratios) and all(abs(r - 1.0) > MATCHED_LOAD_BAND for r in ratios)
 
 
@@ -1233,10 +1232,15 @@ def _gap_veto(history: History, leader: Arm, ctx: TuningContext) -> str | None:
     """Why a lead measured across a per-pod load gap is not taken as the target's, or None:
     a rollback refuted such a lead in this epoch (:func:`_load_gap_refuted`), or the
     leader is slower per token than the incumbent (:func:`_slower_across_gap`)."""
-    return _load_gap_refuted(history, leader) or _slower_across_gap(history, leader, ctx)
+    ratios = _gap_ratios(history, leader.name)
+    return _load_gap_refuted(history, leader, ratios) or _slower_across_gap(
+        history, leader, ctx, ratios
+    )
 
 
-def _slower_across_gap(history: History, leader: Arm, ctx: TuningContext) -> str | None:
+def _slower_across_gap(
+    history: History, leader: Arm, ctx: TuningContext, ratios: Sequence[float]
+) -> str | None:
     """Why a lead on a queue-counting objective, measured only at a lighter load per pod
     than the target's, is not taken from a leader slower per token; None otherwise.
 
@@ -1259,7 +1263,6 @@ def _slower_across_gap(history: History, leader: Arm, ctx: TuningContext) -> str
     metric = ctx.objective.metric
     if metric not in (Metric.E2E_P95, Metric.TTFT_P95) or leader.name == ctx.incumbent.name:
         return None
-    ratios = _gap_ratios(history, leader.name)
     if not ratios or not all(r < 1.0 - MATCHED_LOAD_BAND for r in ratios):
         return None
     logs = [
@@ -1281,7 +1284,7 @@ def _slower_across_gap(history: History, leader: Arm, ctx: TuningContext) -> str
     )
 
 
-def _load_gap_refuted(history: History, leader: Arm) -> str | None:
+def _load_gap_refuted(history: History, leader: Arm, ratios: Sequence[float]) -> str | None:
     """Why ``leader`` is not promoted on trials at another per-pod load, or None.
 
     A canary beside the target (one replica, an autoscaler, ``placement: beside``) serves
@@ -1295,10 +1298,10 @@ def _load_gap_refuted(history: History, leader: Arm) -> str | None:
     (a matched window) or a new epoch measures it. Without a rollback the interval's
     claim stands, and an arm with one matched window is judged on it.
     """
-    if not _across_gap(history, leader.name):
+    if not _across_gap(ratios):
         return None
     for epoch, arm, infeasible, _ in history.failures:
-        if epoch == history.epoch and not infeasible and _across_gap(history, arm):
+        if epoch == history.epoch and not infeasible and _across_gap(_gap_ratios(history, arm)):
             return (
                 f"{arm}, promoted on trials beside the target at another load per pod, "
                 f"regressed at the target's own load and was rolled back: {leader.name}'s "
