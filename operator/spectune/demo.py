@@ -4,7 +4,8 @@ The README's first command. It runs exactly what the operator runs (the controll
 the spectune policy over the Actuator/GroupMetrics/Clock ports) against the simulator body,
 shows the search live (phase, the arm on the canary, measured against predicted), then the
 decision trail, the final setting and its gain over the initial setting and over ``off``,
-and writes the report plots for the chosen drafter. No cluster, no GPU.
+and writes the report plots for the chosen drafter and ``search.png``, every arm as the
+last decision saw it beside static runs (the README's picture). No cluster, no GPU.
 """
 
 from __future__ import annotations
@@ -160,6 +161,23 @@ def demo_command(ns: argparse.Namespace) -> int:
     }
     choice = _choice(scenario, final, metric, value, outcome["speedup"], controller.config.epsilon)
     report = _write_plots(scenario, seed, choice, Path(ns.out)) if final.drafter else []
+    if controller.last_decision is not None and controller.last_decision.estimates:
+        ran = set(values)  # what the demo ran statically: final, initial, off and the
+        if final.drafter:  # final drafter at every k
+            ran |= {f"{final.drafter}/{k}" for k in range(1, max_k + 1)}
+        png, points = _search_plot(controller.last_decision, final, metric, ran, value, ns.out)
+        report.insert(0, png)
+        outcome["search"] = [
+            {
+                "arm": p.name,
+                "value": _round(p.value),
+                "low": _round(p.low),
+                "high": _round(p.high),
+                "measured": p.measured,
+                "static_run": _round(p.truth),
+            }
+            for p in points
+        ]
     outcome["report"] = [str(p) for p in report]
     if ns.json:
         print(json.dumps(outcome))
@@ -193,9 +211,48 @@ def demo_command(ns: argparse.Namespace) -> int:
             f"before its window was complete: the target keeps {final.name}, the best arm "
             "measured so far."
         )
-    if report:
+    if final.drafter:
         console.print(f"Report for {final.drafter}: {report[-1]}")
+    if report:
+        console.print(f"Every arm as the search's last decision saw it: {report[0]}")
     return 0
+
+
+def _search_plot(
+    decision: Any, final: Any, metric: Any, ran: set[str], value: Callable[[str], float], out: str
+) -> tuple[Path, list[Any]]:
+    """``search.png``: the last decision's estimate of every arm against the static runs;
+    returns its path and the points drawn (``ArmPoint``), which the JSON outcome lists.
+
+    The estimates are ratios to the incumbent on the objective; a static run's is its
+    value over the incumbent's, over the last phase, for the arms in ``ran`` (those the
+    demo simulated anyway): simulating every arm of the space for the picture would take
+    minutes.
+    """
+    from spectune.report import ArmPoint, search_plot
+    from spectune.search.arms import parse_arm
+
+    # The estimates are relative to the incumbent of that decision (its own is exactly 1):
+    # the final arm, unless the decision was the promotion to it.
+    est = decision.estimates
+    incumbent = next(
+        (n for n in [final.name, *est] if n in est and est[n].measured and est[n].value == 1.0),
+        final.name,
+    )
+    ref = value(incumbent) if incumbent in ran else math.nan
+
+    def order(name: str) -> tuple[str, int]:
+        arm = parse_arm(name)
+        return (arm.drafter or "", arm.k)
+
+    points = []
+    for name in sorted(decision.estimates, key=order):
+        e = decision.estimates[name]
+        truth = value(name) / ref if name in ran and ref > 0 else math.nan  # NaN > 0 is False
+        points.append(ArmPoint(name, e.value, e.low, e.high, e.measured, truth))
+    path = Path(out) / "search.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return search_plot(points, metric.value, metric.minimise, incumbent, path), points
 
 
 def _round(x: float) -> float | None:

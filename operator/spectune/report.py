@@ -38,7 +38,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-__all__ = ["Choice", "write_report"]
+__all__ = ["ArmPoint", "Choice", "search_plot", "write_report"]
 
 
 @dataclass(frozen=True)
@@ -172,6 +172,58 @@ def _choice_html(d: Diagnosis, choice: Choice) -> str:
             "so the measured curve ranks the draft lengths for this objective.</p>"
         )
     return lead
+
+
+@dataclass(frozen=True)
+class ArmPoint:
+    """One arm as a search's decision saw it, on the objective relative to the incumbent.
+
+    ``value``, ``low`` and ``high`` are the decision's estimate and its 95 % interval
+    (``Decision.estimates``); ``measured`` says whether the arm ran on the canary or was
+    predicted by the model; ``truth`` is the same ratio from static runs of both arms on the
+    same traffic (NaN where no static run was made).
+    """
+
+    name: str
+    value: float
+    low: float
+    high: float
+    measured: bool
+    truth: float = math.nan
+
+
+def search_plot(
+    points: list[ArmPoint], objective: str, minimise: bool, incumbent: str, path: Path
+) -> Path:
+    """Every arm's estimate with its interval, measured and predicted, and the static runs.
+
+    One column per arm, ``off`` first and then each drafter by k; a filled dot is an arm the
+    search measured on the canary, a hollow one an arm it predicted; a cross is what a
+    static run of the arm gave. The line at 1 is the incumbent.
+    """
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(points) + 2), 4))
+    xs = list(range(len(points)))
+    for x, p in zip(xs, points, strict=True):
+        colour = "tab:blue" if p.measured else "tab:gray"
+        ax.errorbar(
+            x, p.value, yerr=[[p.value - p.low], [p.high - p.value]], fmt="o", color=colour,
+            mfc=colour if p.measured else "white", capsize=3,
+        )  # fmt: skip
+        if math.isfinite(p.truth):
+            ax.plot(x, p.truth, "x", color="tab:red", markersize=8)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(xs, [p.name for p in points], rotation=60, ha="right", fontsize=8)
+    better = "lower" if minimise else "higher"
+    ax.set_ylabel(f"{objective} / {incumbent}'s ({better} is better)")
+    ax.set_title(
+        "the search's last decision: measured (filled) and predicted (hollow) arms, "
+        "95 % intervals; × static run",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write_report(

@@ -37,8 +37,19 @@ def test_the_demo_finds_a_speculative_setting_and_shows_its_gain(tmp_path: Path)
     if reasons[-1] not in ("Promoted", "Converged"):
         trial = out["unfinished_trial"]
         assert trial and trial in out["decisions"][-1]["message"]
-    for name in ("acceptance.png", "speedup.png"):
+    for name in ("acceptance.png", "speedup.png", "search.png"):
         assert (tmp_path / "r" / name).read_bytes()[:4] == b"\x89PNG"
+    # The picture's numbers: every arm the last decision estimated, on the final arm's
+    # scale (its own is 1, measured), and beside each arm of its drafter a static run.
+    points = {p["arm"]: p for p in out["search"]}
+    final = points[out["final_arm"]]
+    assert final["measured"] and final["value"] == 1.0 and final["static_run"] == 1.0
+    assert points["off"]["measured"] and points["off"]["static_run"] > 1.3
+    assert any(not p["measured"] for p in points.values())
+    for p in points.values():
+        assert p["low"] <= p["value"] <= p["high"], p
+    drafter = out["final_arm"].split("/")[0]
+    assert all(p["static_run"] for a, p in points.items() if a.startswith(f"{drafter}/"))
     assert 'src="speedup.png"' in (tmp_path / "r" / "index.html").read_text()
     # One story: the report describes the arm the demo chose, on the demo's objective, with
     # the same gain the trail's last line prints (not the mean model's best k as the answer).
