@@ -1242,7 +1242,8 @@ def _slower_across_gap(
     history: History, leader: Arm, ctx: TuningContext, ratios: Sequence[float]
 ) -> str | None:
     """Why a lead on a queue-counting objective, measured only at a lighter load per pod
-    than the target's, is not taken from a leader slower per token; None otherwise.
+    than the target's (``ratios``: the leader's :func:`_gap_ratios`), is not taken from a
+    leader slower per token; None otherwise.
 
     A canary beside the target serves N/(N+c) of its per-pod load, and an objective that
     counts the queue (e2e or TTFT p95) depends on the load through the utilisation
@@ -1296,7 +1297,8 @@ def _load_gap_refuted(history: History, leader: Arm, ratios: Sequence[float]) ->
     for this epoch (one load) the transfer is refuted, not merely noisy: another arm
     judged only across the same gap is held too, until a trial at the target's own load
     (a matched window) or a new epoch measures it. Without a rollback the interval's
-    claim stands, and an arm with one matched window is judged on it.
+    claim stands, and an arm with one matched window is judged on it. ``ratios`` are the
+    leader's :func:`_gap_ratios`.
     """
     if not _across_gap(ratios):
         return None
