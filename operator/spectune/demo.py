@@ -125,9 +125,11 @@ def demo_command(ns: argparse.Namespace) -> int:
             return math.nan
         return metric_value(run.requests, metric, start, duration)
 
-    if final.drafter:  # the report's curve: every k of the chosen drafter, simulated at once
+    curve: list[str] = []  # the report's curve: every k of the chosen drafter, run at once
+    if final.drafter:
         max_k = next(d.max_k for d in scenario.drafters if d.name == final.drafter)
-        oracle.runs([f"{final.drafter}/{k}" for k in range(1, max_k + 1)])
+        curve = [f"{final.drafter}/{k}" for k in range(1, max_k + 1)]
+        oracle.runs(curve)
     values = {name: value(name) for name in dict.fromkeys((final.name, initial.name, OFF.name))}
     run_value = metric_value(
         RequestTable.from_records(stage.fleet.records(start, duration)), metric, start, duration
@@ -162,9 +164,7 @@ def demo_command(ns: argparse.Namespace) -> int:
     choice = _choice(scenario, final, metric, value, outcome["speedup"], controller.config.epsilon)
     report = _write_plots(scenario, seed, choice, Path(ns.out)) if final.drafter else []
     if controller.last_decision is not None and controller.last_decision.estimates:
-        ran = set(values)  # what the demo ran statically: final, initial, off and the
-        if final.drafter:  # final drafter at every k
-            ran |= {f"{final.drafter}/{k}" for k in range(1, max_k + 1)}
+        ran = set(values) | set(curve)  # what the demo ran statically anyway
         png, points = _search_plot(controller.last_decision, final, metric, ran, value, ns.out)
         report.insert(0, png)
         outcome["search"] = [
@@ -246,8 +246,8 @@ def _search_plot(
         return (arm.drafter or "", arm.k)
 
     points = []
-    for name in sorted(decision.estimates, key=order):
-        e = decision.estimates[name]
+    for name in sorted(est, key=order):
+        e = est[name]
         truth = value(name) / ref if name in ran and ref > 0 else math.nan  # NaN > 0 is False
         points.append(ArmPoint(name, e.value, e.low, e.high, e.measured, truth))
     path = Path(out) / "search.png"
