@@ -444,7 +444,7 @@ class Controller:
                 )
                 self.history = self.history.update_last(running.with_window(w))
                 await self._fall_back_if_broken(dep, w.incumbent)
-                if await self._verify(dep, w):
+                if await self._verify(dep, w) or await self._below_floor(dep, running, w):
                     return
                 moved = self._load_move(w)
                 if moved is not None:
@@ -879,13 +879,60 @@ class Controller:
             )
         return None
 
+    async def _below_floor(self, dep: Deployment, running: TrialRecord, w: WindowRecord) -> bool:
+        """Roll the target back to the floor when a trial of the floor beside it shows the
+        target's arm worse with confidence; True if it did.
+
+        The floor is kept by the verification after each promotion, at the load of that
+        moment (:meth:`_verify`). The load moves afterwards, and an arm's payoff with it
+        (draft costs grow with the batch), so an arm that held against the floor may fall
+        below it later. A window in which the floor ran on the canary beside the target at
+        a matched load per pod (``WindowRecord.matched``) is the cleanest evidence there
+        is: the same traffic, the same time, the same load. There the target is judged
+        against the canary by the verification's own test (``search/verify.py``:
+        disjoint 95 % intervals on the objective, or a guardrail beyond its tolerance):
+        worse with confidence, it is not kept, whatever the policy would conclude.
+        """
+        floor = self.state.floor_arm
+        if floor is None or running.arm != floor or dep.incumbent.name == floor:
+            return False
+        if w.canary is None or w.incumbent is None or not w.matched:
+            return False
+        span = w.end_s - w.start_s
+        rate = w.canary.requests / span / w.canary.pods if span > 0 and w.canary.pods else math.nan
+        target = Reference(w.incumbent, per_pod_rate(w), True, w.end_s)
+        verdict = regression(
+            target,
+            [Reference(w.canary, rate, True, w.end_s)],
+            self.objective,
+            self.config.load_shift,
+            1,
+        )
+        if verdict.why is None:
+            return False
+        why = (
+            f"{dep.incumbent.name} on the target beside {floor}, the initial setting, on the "
+            f"canary at a matched load: {verdict.why.replace(' before', ' on the canary')}"
+        )
+        await self._roll_back(
+            dep, why, "BelowInitialSetting", infeasible=False, to=floor, arm=dep.incumbent.name
+        )
+        return True
+
     async def _roll_back(
-        self, dep: Deployment, why: str, reason: str, infeasible: bool, to: str | None = None
+        self,
+        dep: Deployment,
+        why: str,
+        reason: str,
+        infeasible: bool,
+        to: str | None = None,
+        arm: str | None = None,
     ) -> None:
-        """Put the target back on ``to`` (the predecessor by default), mark the verified arm
-        failing (``infeasible``: on every load), and go on searching."""
+        """Put the target back on ``to`` (the predecessor by default), mark ``arm`` (the
+        verified arm by default) failing (``infeasible``: on every load), and go on
+        searching."""
         st = self.state
-        arm = st.verify_arm
+        arm = arm or st.verify_arm
         back = to or st.verify_predecessor
         if arm is None or back is None:
             return

@@ -31,7 +31,13 @@ from spectune.metrics import Histogram, Observation, SpecCounts
 from spectune.search.arms import Arm, parse_arm
 from spectune.search.history import History, Outcome, WindowRecord
 from spectune.search.objective import Objective, saturated, window_stats
-from spectune.search.policy import DrafterSpec, SearchSpace
+from spectune.search.policy import (
+    Decision,
+    DecisionKind,
+    DrafterSpec,
+    SearchSpace,
+    TuningContext,
+)
 from spectune.search.spectune_policy import SpectunePolicy
 from tests.unit.search.test_spectune_policy import FakeWorld
 
@@ -747,6 +753,68 @@ def test_an_arm_below_the_initial_setting_is_not_kept_whatever_its_predecessor()
     assert fleet.incumbent.name == "eagle3/8"
     assert c.state.verified_reason == "BelowInitialSetting"
     assert c.history.failures[-1][1] == "eagle3/3"
+
+
+@dataclass
+class FakeKeepingPolicy:
+    """A fake policy that tries one arm on the canary, then keeps the incumbent whatever the
+    trial showed: a brain whose model overrules a measurement."""
+
+    trial: Arm
+    name: str = "fake-keeping"
+
+    def decide(self, ctx: TuningContext, history: History) -> Decision:
+        epoch = history.in_epoch()
+        if epoch and epoch[-1].outcome is Outcome.RUNNING and epoch[-1].windows:
+            return Decision(DecisionKind.PROMOTE, ctx.incumbent, "kept", Outcome.MEASURED)
+        if epoch:
+            return Decision(DecisionKind.PROMOTE, ctx.incumbent, "kept")
+        return Decision(DecisionKind.TRIAL, self.trial, f"trying {self.trial.name}")
+
+
+def keeping_run(slowdown: float, target_pods: int = 2) -> tuple[FakeFleet, Controller, list[Event]]:
+    """eagle3/3 serves, eagle3/8 (the initial setting) is tried beside it, and the policy
+    keeps eagle3/3. ``slowdown``: how much slower per token eagle3 runs on the target's
+    pods. With two target pods the canary's third of the traffic is the load of one of
+    them (a matched pair); with three, one and a half times its load."""
+    clock = FakeClock()
+    fleet = FakeFleet(
+        WORLD, clock, parse_arm("eagle3/3"), target_pods=target_pods,
+        target_slowdown={"eagle3": slowdown},
+    )  # fmt: skip
+    events: list[Event] = []
+    c = Controller(
+        FakeKeepingPolicy(parse_arm("eagle3/8")), fleet, fleet, clock, SPACE, Objective(),
+        ControllerConfig(window_s=300, poll_s=30), on_event=events.append,
+    )  # fmt: skip
+    c.state = replace(c.state, floor_arm="eagle3/8")
+    run_until(c, lambda: c.state.phase is Phase.MONITORING and c.state.verify_arm is None)
+    return fleet, c, events
+
+
+def test_the_initial_setting_beating_the_target_beside_it_is_restored_whatever_the_policy() -> None:
+    # The initial setting, tried on a canary beside the target at a matched load, serves the
+    # same traffic 1.5 times faster per token than the target: the target goes back to it
+    # with the numbers, although the policy would keep its arm.
+    fleet, c, events = keeping_run(slowdown=1.5)
+    back = next(e for e in events if e.reason == "RolledBack")
+    assert fleet.incumbent.name == "eagle3/8" and fleet.promotions[0] == "eagle3/8"
+    assert c.state.verified_reason == "BelowInitialSetting"
+    assert back.message.startswith(
+        "rolled back to eagle3/8: eagle3/3 on the target beside eagle3/8, the initial setting,"
+    )
+    assert re.search(
+        r"tpotP95 [0-9.]+s \(at least [0-9.]+s\) vs [0-9.]+s on the canary", back.message
+    )
+    assert c.history.failures[-1][1] == "eagle3/3"
+    # Where the target holds its own beside the initial setting, the policy's word stands;
+    # so it does where the canary carried 1.5 times the target's load per pod (within the
+    # verification's load band, outside a matched pair's): a batch of another size runs at
+    # another speed per token whatever the arm, and that window is no evidence.
+    for slowdown, pods in ((1.0, 2), (1.5, 3)):
+        fleet, c, events = keeping_run(slowdown, pods)
+        assert fleet.incumbent.name == "eagle3/3" and not fleet.promotions
+        assert not [e for e in events if e.reason == "RolledBack"]
 
 
 def test_a_promotion_that_cannot_start_on_the_target_is_rolled_back_and_infeasible() -> None:
