@@ -90,9 +90,9 @@ NOISE_FLOOR = 0.02
 #: length; 5 % per e-fold leaves a ±15 % load move (a matched trial) inside 1 %.
 LOAD_MOVE_ERROR = 0.05
 #: An arm counts as measured at the target's load when it was seen in a window whose service
-#: load per pod is within this factor of it (the same load up to a window's rate noise). The
-#: arm's own pods may have carried more or less than that (a least-outstanding balancer
-#: sends a faster arm more): the model moves it from there, with :data:`LOAD_MOVE_ERROR`.
+#: load per pod is within this factor of it (the same load up to a window's rate noise), and
+#: its own pods carried that service load within the same factor (:func:`_carried`). The
+#: model moves it from there, with :data:`LOAD_MOVE_ERROR`.
 NEAR_LOAD = 1.25
 #: Prior relative noise of a measured step (log units) and its weight in windows.
 STEP_NOISE_PRIOR = 0.05
@@ -473,6 +473,25 @@ def _tail_offset(tails: dict[str, AcceptanceSpread], arm: Arm) -> float:
     return math.log(tail_ratio(spread, arm.k)) if spread is not None else 0.0
 
 
+def _carried(g: GroupWindow, latest: float) -> bool:
+    """Whether ``g`` measured its arm at the service load ``latest``: the window's service
+    load per pod was within :data:`NEAR_LOAD` of it, and so was the load the arm's own pods
+    carried.
+
+    A balancer that routes by outstanding requests sends an arm slower per token fewer of
+    them (it holds each longer), and a faster one more, so a canary's share of the traffic
+    is a property of its arm, not the trial's plan: one at 0.6 of the service's load per pod
+    ran a smaller batch than the target will. What it would do at the target's batch is the
+    step model's extrapolation, and the model form is least known exactly where loads were
+    not seen; a decision must rest on a load the arm carried (the model may still move it
+    inside the factor, as it does a matched trial).
+    """
+    if not (latest > 0 and g.service_load > 0):
+        return False
+    near = 1 / NEAR_LOAD <= g.service_load / latest <= NEAR_LOAD
+    return near and 1 / NEAR_LOAD <= g.load / g.service_load <= NEAR_LOAD
+
+
 def predict(
     history: History,
     arms: Sequence[Arm],
@@ -523,7 +542,7 @@ def predict(
         log_tau = log_tau + _tail_offset(tails, arm) if latency else np.zeros(n)
         own = [i for i, g in enumerate(gws) if g.arm == arm and g.load > 0]
         if own:
-            if any(1 / NEAR_LOAD <= gws[i].service_load / latest <= NEAR_LOAD for i in own):
+            if any(_carried(gws[i], latest) for i in own):
                 measured.add(arm.name)
             # Moved by the model from the windows nearest the target's load (no move for a
             # load-matched trial), with the same draws, and an error that grows with the move.

@@ -136,6 +136,25 @@ def test_prediction_at_the_target_load_puts_the_interior_k_first() -> None:
     assert p.measured == {"off", "d/8"}
 
 
+def test_a_canary_the_balancer_gave_a_smaller_share_is_not_measured_at_the_load() -> None:
+    # d/3 on the canary beside off: in the first history it carried the same load per pod as
+    # off's pods (a matched pair); in the second the balancer sent it 0.6 of that (it held
+    # its requests longer), a smaller batch than the target runs: the model's extrapolation,
+    # not a measurement there, and no decision may rest on it.
+    d3 = Arm("d", 3)
+    for share, measured in ((1.0, True), (0.6, False)):
+        inc = fake_stats(OFF, 16.0)
+        load = inc.tokens_per_s * share
+        can = fake_stats(d3, batch_at(d3, load))
+        w = WindowRecord(0.0, 300.0, inc, can, OFF.name)
+        t = TrialRecord(d3.name, OFF.name, 0, 0.0).with_window(w).ended(Outcome.MEASURED, "")
+        h = History().add_trial(t)
+        rng = np.random.default_rng(1)
+        p = predict(h, [OFF, d3], Metric.TPOT_P95, inc.tokens_per_s, {}, 0.1, rng, 500)
+        assert ("d/3" in p.measured) is measured, share
+        assert "off" in p.measured
+
+
 def test_throughput_at_an_offered_load_is_that_load_unless_the_arm_saturates() -> None:
     def tput(arm: Arm, batch: float) -> WindowStats:
         s = fake_stats(arm, batch)
