@@ -54,7 +54,12 @@ Definitions (the bench JSON's fields):
   in each guardrail window (as above) from the oracle's static runs of it and of the
   initial arm, which saw the same requests: for a p95 objective, the lower end of the
   served arm's 95 % order-statistic interval above the upper end of the initial arm's; for
-  a throughput, below it by more than 1.96 × its relative Poisson error (1/√requests). A
+  a throughput, below it by more than 1.96 × its relative Poisson error (1/√requests), in
+  the window and in all the tokens finished since the run began. Both runs serve the same
+  requests, so a throughput differs only in when they finish: after the load drops, a
+  slower arm finishes in one window the requests it had left behind, and the faster one,
+  which finished them earlier, is ahead then, not worse (cumulatively it never fell
+  behind); an arm that cannot keep up falls behind in both. A
   tuner that users can leave running keeps it at 0 wherever the oracle is not worse than
   the initial arm. ``rollbacks`` counts the controller's ``RolledBack`` events.
 """
@@ -321,8 +326,16 @@ def _worse(
         _, low, _ = p95_interval(mine.column(column[metric]))
         _, _, high = p95_interval(base.column(column[metric]))
         return not (math.isnan(low) or math.isnan(high)) and low > high
+    return _fewer_tokens(mine, base) and _fewer_tokens(
+        arm.between(-math.inf, end), initial.between(-math.inf, end)
+    )
+
+
+def _fewer_tokens(mine: RequestTable, base: RequestTable) -> bool:
+    """Whether ``mine`` finished fewer output tokens than ``base`` beyond 1.96 × the relative
+    Poisson error of ``base``'s request count."""
     got, had = float(mine.output_tokens.sum()), float(base.output_tokens.sum())
-    return had > 0 and got < had * (1.0 - 1.96 / math.sqrt(len(base)))
+    return len(base) > 0 and had > 0 and got < had * (1.0 - 1.96 / math.sqrt(len(base)))
 
 
 def worse_seconds(

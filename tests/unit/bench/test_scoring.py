@@ -159,3 +159,36 @@ def test_seconds_worse_than_initial_count_only_what_was_served_worse_after_a_pro
     assert worse([(0.0, "initial"), (450.0, "better")], 450.0) == 0
     # Within the noise of the same requests: not worse with confidence.
     assert worse([(0.0, "initial"), (450.0, "alike")], 450.0) == 0
+
+
+def tokens_table(finish: np.ndarray) -> RequestTable:
+    """Requests of 100 output tokens each, finished at ``finish``."""
+    n = finish.size
+    return RequestTable(np.sort(finish), np.full(n, 0.02), np.full(n, 0.2), np.full(n, 0.01),
+                        np.full(n, 1.0), np.full(n, 100.0))  # fmt: skip
+
+
+def test_a_throughput_is_worse_only_where_the_arm_fell_behind_not_where_the_other_caught_up():
+    # The same 2,400 requests arrive over 1,200 s. The initial arm, slower, leaves 200 of
+    # those of the first 600 s unfinished until 600-660 s (its backlog once the load drops):
+    # in the window 600-900 s it finishes more tokens than the faster arm, which finished
+    # them on time. The faster arm was ahead all along, and is not worse there. An arm
+    # that never finishes the last 200 requests fell behind, and is.
+    arrivals = np.linspace(0.0, 1200.0, 2400, endpoint=False)
+    late = np.where((arrivals >= 400) & (arrivals < 600), 600 + (arrivals - 400) * 0.3, arrivals)
+    runs = {
+        "initial": tokens_table(late),
+        "faster": tokens_table(arrivals),
+        "behind": tokens_table(arrivals[arrivals < 1100]),
+    }
+
+    def worse(arm: str) -> float:
+        served = [(0.0, "initial"), (300.0, arm)]
+        return worse_seconds(served, 300.0, runs.__getitem__, "initial",
+                             Metric.OUTPUT_TOKENS_PER_SECOND, [(0.0, 1200.0)], 300)  # fmt: skip
+
+    assert float(runs["initial"].between(600, 900).output_tokens.sum()) > 1.1 * float(
+        runs["faster"].between(600, 900).output_tokens.sum()
+    )
+    assert worse("faster") == 0
+    assert worse("behind") == 300
