@@ -898,21 +898,20 @@ class Controller:
             return False
         if w.canary is None or w.incumbent is None or not w.matched:
             return False
-        span = w.end_s - w.start_s
-        rate = w.canary.requests / span / w.canary.pods if span > 0 and w.canary.pods else math.nan
         target = Reference(w.incumbent, per_pod_rate(w), True, w.end_s)
         verdict = regression(
             target,
-            [Reference(w.canary, rate, True, w.end_s)],
+            [Reference(w.canary, per_pod_rate(w, w.canary), True, w.end_s)],
             self.objective,
             self.config.load_shift,
             1,
+            where="on the canary",
         )
         if verdict.why is None:
             return False
         why = (
             f"{dep.incumbent.name} on the target beside {floor}, the initial setting, on the "
-            f"canary at a matched load: {verdict.why.replace(' before', ' on the canary')}"
+            f"canary at a matched load: {verdict.why}"
         )
         await self._roll_back(
             dep, why, "BelowInitialSetting", infeasible=False, to=floor, arm=dep.incumbent.name

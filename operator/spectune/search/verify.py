@@ -92,9 +92,10 @@ class Regression:
     reference_rate: float = math.nan
 
 
-def per_pod_rate(w: WindowRecord) -> float:
-    """Finished requests per second per pod of the target in a window (NaN if unknown)."""
-    s, span = w.incumbent, w.end_s - w.start_s
+def per_pod_rate(w: WindowRecord, s: WindowStats | None = None) -> float:
+    """Finished requests per second per pod of the target in a window, or of the group
+    ``s`` of it (NaN if unknown)."""
+    s, span = s or w.incumbent, w.end_s - w.start_s
     if s is None or span <= 0 or not s.pods or not s.requests > 0:
         return math.nan
     return s.requests / span / s.pods
@@ -149,9 +150,11 @@ def regression(
     objective: Objective,
     factor: float,
     most: int = 2,
+    where: str = "before",
 ) -> Regression:
     """Whether ``target`` (a window of the promoted arm) is worse with confidence than the
-    comparable references among ``refs`` (see the module docstring)."""
+    comparable references among ``refs`` (see the module docstring); ``where`` names the
+    references in the verdict ("before": the predecessor's windows)."""
     chosen = _comparable(target, refs, factor, most)
     if not chosen:
         return Regression(False)
@@ -179,7 +182,7 @@ def regression(
             return Regression(
                 True,
                 f"{metric.value} hidden under the histogram's first bucket; mean per-token "
-                f"latency {s.tpot_mean * 1000:.1f}ms vs {shown} before: beyond "
+                f"latency {s.tpot_mean * 1000:.1f}ms vs {shown} {where}: beyond "
                 f"+{margin - 1:.0%} with confidence",
                 rate,
             )
@@ -190,10 +193,10 @@ def regression(
             return Regression(
                 True,
                 f"{metric.value} {s.objective:.3f}s (at least {s.objective_low:.3f}s) vs "
-                f"{shown} before, at most {max(highs):.3f}s: worse with confidence",
+                f"{shown} {where}, at most {max(highs):.3f}s: worse with confidence",
                 rate,
             )
-    slower = _slower_when_saturated(s, ref)
+    slower = _slower_when_saturated(s, ref, where)
     if slower is not None:
         return Regression(True, slower, rate)
     g = objective.guardrails
@@ -212,14 +215,16 @@ def regression(
             before = ", ".join(f"{v:.3f}s" for v in values)
             return Regression(
                 True,
-                f"{label} {value:.3f}s (at least {low:.3f}s) vs {before} before: beyond "
+                f"{label} {value:.3f}s (at least {low:.3f}s) vs {before} {where}: beyond "
                 f"+{tol:.0%} with confidence",
                 rate,
             )
     return Regression(True, None, rate)
 
 
-def _slower_when_saturated(s: WindowStats, refs: Sequence[WindowStats]) -> str | None:
+def _slower_when_saturated(
+    s: WindowStats, refs: Sequence[WindowStats], where: str = "before"
+) -> str | None:
     """Why a saturated target serves fewer tokens than its saturated references, or None.
 
     A saturated group finishes at its capacity, whatever the offered load above it, and a
@@ -242,7 +247,7 @@ def _slower_when_saturated(s: WindowStats, refs: Sequence[WindowStats]) -> str |
         return None
     before = ", ".join(f"{t:.0f}" for t in theirs)
     return (
-        f"saturated, it served {mine:.0f} output tokens/s per pod vs {before} before, also "
+        f"saturated, it served {mine:.0f} output tokens/s per pod vs {before} {where}, also "
         f"saturated: below by more than the counts' noise (±{noise - 1:.0%}), so its queue "
         "grows faster at this load"
     )
