@@ -62,6 +62,11 @@ __all__ = ["ArmBelief", "Beliefs", "build_beliefs"]
 #: Floor of a measured arm's log-spread: two windows of the same arm on the same traffic
 #: differ by about this much even when the quantile intervals are tight.
 MEASURED_FLOOR = 0.015
+#: Log-spread added to a trial's first paired window (:func:`_first_window`). The A/A check
+#: (``benchmarks/family.py --aa``: a drafter against its identical twin) measures it: the
+#: twin's first-window TPOT p95 ratios spread by ≈ 0.07 in log beyond their quantile
+#: intervals, with one in four outside them at 95 %, while later windows keep to theirs.
+FIRST_WINDOW_SPREAD = 0.08
 #: Batch sizes within this factor of each other share draft costs across epochs (the
 #: controller's default load-shift trigger is the same factor).
 SIMILAR_LOAD = 1.6
@@ -93,6 +98,9 @@ class ArmBelief:
     that arm's measurement error, so the policy samples this arm as the anchor's draw plus
     the model's step between them (:attr:`relative_spread`), not independently."""
     relative_spread: float = math.nan
+    settled: bool = True
+    """False for a measured arm seen only in its trials' first windows, whose lead the
+    canary's warm-up can make (:func:`_first_window`): not yet a ground to promote it."""
 
 
 @dataclass
@@ -134,6 +142,22 @@ def _pair_spread(*sides: float) -> float:
     return math.sqrt(sum(x * x for x in sides))
 
 
+def _first_window(values: tuple[float, float, float], first: bool) -> tuple[float, float, float]:
+    """A paired window's values, with :data:`FIRST_WINDOW_SPREAD` added to the spread of a
+    trial's first window.
+
+    A canary's first window counts only the requests that both began and ended since the
+    canary came up, a sample biased towards short requests, and it serves the balancer's
+    catch-up burst (``spectune_policy.catch_up_burst``); the incumbent's counts requests
+    of every length. Neither bias is in the quantile interval, which counts only how many
+    requests the window saw. From the second window on, both sides count the same mix.
+    """
+    if not first:
+        return values
+    can_value, inc_value, spread = values
+    return can_value, inc_value, math.hypot(spread, FIRST_WINDOW_SPREAD)
+
+
 @dataclass
 class _Measured:
     obj_logs: list[float] = field(default_factory=list)
@@ -142,6 +166,8 @@ class _Measured:
     tokens: float = 0.0
     passes: float = 0.0
     requests: float = 0.0
+    settled: bool = False
+    """Measured in a window after its trial's first (:attr:`ArmBelief.settled`)."""
 
     def add(
         self,
@@ -604,18 +630,19 @@ def _measure(
     now_b = _current_batch(epoch_trials)
     for t in epoch_trials:
         offset = offsets.get(t.incumbent)
-        for w in t.windows:
+        for i, w in enumerate(t.windows):
             if w.incumbent is not None and t.incumbent == incumbent.name:
                 inc_windows.append(w.incumbent)
             if w.canary is not None and not w.backlog_pair:
                 inc_s = w.incumbent if w.canary.requests > 0 else None
                 at_load = inc_s is not None and same_load(inc_s.running, now_b, SIMILAR_LOAD)
                 if inc_s is not None and offset is not None and at_load:
-                    pair = tails.pair(w.canary, t.arm, inc_s, t.incumbent)
+                    pair = _first_window(tails.pair(w.canary, t.arm, inc_s, t.incumbent), i == 0)
                     capacity = _capacity_pair(w.canary, inc_s) if minimise else None
                     if capacity is not None:
                         pair, by_capacity = capacity, True
                     measured[t.arm].add(w.canary, inc_s, sign, pair, offset)
+                    measured[t.arm].settled |= i > 0
     return _Evidence(measured, inc_windows, by_capacity)
 
 
@@ -639,6 +666,7 @@ def _add_earlier_incumbents(
             continue
         off_loss, off_tpot, off_spread = offsets[t.incumbent]
         m = measured[t.incumbent]
+        m.settled = True  # an incumbent's windows are no canary's warm-up
         m.obj_logs.append(off_loss)
         m.obj_weights.append(1 / max(off_spread, MEASURED_FLOOR) ** 2)
         m.tpot_logs.append(off_tpot)
@@ -1015,7 +1043,14 @@ def _arm_beliefs(
             if not math.isnan(loss):
                 e = got.tokens / got.passes if got.passes else 1.0
                 out[arm.name] = ArmBelief(
-                    arm, loss, spread, True, len(got.obj_logs), got.tpot_ratio, e
+                    arm,
+                    loss,
+                    spread,
+                    True,
+                    len(got.obj_logs),
+                    got.tpot_ratio,
+                    e,
+                    settled=got.settled,
                 )
                 continue
         if arm.adaptive is not None:
@@ -1142,9 +1177,10 @@ def _incumbent_offsets(
     """
     edges: dict[tuple[str, str], _Measured] = defaultdict(_Measured)
     for t in trials:
-        for w in t.windows:
+        for i, w in enumerate(t.windows):
             if w.canary is not None and w.incumbent is not None and w.canary.requests > 0:
                 values = tails.pair(w.canary, t.arm, w.incumbent, t.incumbent)
+                values = _first_window(values, i == 0)
                 edges[(t.arm, t.incumbent)].add(w.canary, w.incumbent, sign, values)
     offsets: dict[str, tuple[float, float, float]] = {current: (0.0, 0.0, 0.0)}
     changed = True

@@ -116,6 +116,11 @@ __all__ = [
 
 #: An arm already tried this often in an epoch is not restarted again as a challenger.
 MAX_TRIALS_PER_ARM = 2
+#: Degrees of freedom of the error of an arm seen only in warm-up windows
+#: (:func:`posterior_draws`). In the A/A check (``benchmarks/family.py --aa``) one twin's
+#: first window in eight lies beyond twice its spread, four times a normal's share, and
+#: nearly all on the canary's side: a t with 3 degrees of freedom puts 7 % beyond it.
+WARM_UP_DOF = 3
 #: At most this many windows for one trial (the policy extends a trial up to it).
 MAX_WINDOWS_PER_TRIAL = 3
 #: Prior of a drafter never measured, relative to ``off``: published serving results range
@@ -503,7 +508,7 @@ class SpectunePolicy:
                 del beliefs.arms[name]
         tried, attempts = _tries(history)
         trials = len(history.in_epoch())
-        turn = _Turn(ctx, history, beliefs, end, prefix)
+        turn = _Turn(ctx, history, beliefs, end, prefix, running)
 
         if trials >= ctx.max_trials:
             leader = _leader(beliefs, measured_only=True) or ctx.incumbent
@@ -607,6 +612,7 @@ class _Turn:
     beliefs: Beliefs
     end: Outcome | None
     prefix: str
+    running: TrialRecord | None = None
 
     def decision(self, kind: DecisionKind, arm: Arm, why: str) -> Decision:
         """A decision with the prefix, the model's notes and every arm's estimate."""
@@ -617,6 +623,31 @@ class _Turn:
         minimise = self.ctx.objective.metric.minimise
         return Decision(kind, arm, reason, self.end, _estimates(self.beliefs, minimise))
 
+    def past_warm_up(self, leader: Arm, why: str) -> Decision | None:
+        """Another window of the running trial, where its arm leads but was seen only in
+        warm-up windows (:attr:`~spectune.search.model.ArmBelief.settled`); else None.
+
+        Such a lead is read with the warm-up's heavy-tailed error (:func:`posterior_draws`),
+        which a real lead of a tenth does not clear in one window: ending the search on
+        the incumbent there would give the lead up on the one window least able to show
+        it. The next window is past the warm-up, and it costs no restart.
+        """
+        b, running = self.beliefs.arms.get(leader.name), self.running
+        if b is None or b.settled or running is None or running.arm != leader.name:
+            return None
+        if len(running.windows) >= MAX_WINDOWS_PER_TRIAL:
+            return None
+        minimise = self.ctx.objective.metric.minimise
+        return Decision(
+            DecisionKind.TRIAL,
+            leader,
+            f"{why}; {leader.name} is not yet ahead of the incumbent with confidence, but "
+            "it was seen only in its canary's first window, which the warm-up biases: "
+            "measuring another window",
+            None,
+            _estimates(self.beliefs, minimise),
+        )
+
     def finish(self, leader: Arm, draws: np.ndarray, names: list[str], why: str) -> Decision:
         """The search's end: the leader, or the incumbent where the leader is not ahead.
 
@@ -626,7 +657,11 @@ class _Turn:
         be a loss.
         """
         ctx, history = self.ctx, self.history
-        held = _not_ahead(draws, names, leader, ctx) or _gap_veto(history, leader, ctx)
+        not_ahead = _not_ahead(draws, names, leader, ctx)
+        more = self.past_warm_up(leader, why) if not_ahead is not None else None
+        if more is not None:
+            return more
+        held = not_ahead or _gap_veto(history, leader, ctx)
         if held is not None:
             return self.decision(DecisionKind.PROMOTE, ctx.incumbent, f"{why}; {held}")
         return self.decision(DecisionKind.PROMOTE, _with_schedule(ctx, history, leader), why)
@@ -1138,7 +1173,11 @@ def _with_schedule(ctx: TuningContext, history: History, leader: Arm) -> Arm:
 def posterior_draws(beliefs: Beliefs, names: list[str], rng: np.random.Generator) -> np.ndarray:
     """:data:`SAMPLES` joint draws of the arms' log objective ratios, one column per name.
 
-    Measured arms and priors are independent normals. A prediction read from a measured
+    Measured arms and priors are independent normals, except an arm seen only in its
+    trials' first windows (:attr:`~spectune.search.model.ArmBelief.settled`), drawn from a
+    Student t with :data:`WARM_UP_DOF` degrees of freedom: the canary's warm-up biases
+    such a window by an amount no count of requests bounds (``model._first_window``), and
+    its errors have heavier tails than a normal's. A prediction read from a measured
     arm of its drafter (:attr:`ArmBelief.anchor`) is that arm's draw plus the model's step
     between them: both carry the anchor's measurement error, so a noisy window moves them
     together, and only the model's step separates them — "k = 3 beats the measured k = 8"
@@ -1147,6 +1186,9 @@ def posterior_draws(beliefs: Beliefs, names: list[str], rng: np.random.Generator
     means = np.array([beliefs.arms[n].loss for n in names])
     spreads = np.array([beliefs.arms[n].spread for n in names])
     draws = rng.normal(means, spreads, size=(SAMPLES, len(names)))
+    for i, n in enumerate(names):
+        if not beliefs.arms[n].settled:
+            draws[:, i] = means[i] + spreads[i] * rng.standard_t(WARM_UP_DOF, size=SAMPLES)
     for i, n in enumerate(names):
         anchor = beliefs.arms[n].anchor
         if anchor is None or anchor == n or anchor not in names:

@@ -682,9 +682,11 @@ def _saturated_incumbent_history(
     q, q_low, q_high = alone_queue
     alone = replace(world.stats(inc_arm), queue_p95=q, queue_p95_low=q_low, queue_p95_high=q_high)
     history = History(baseline=((0, WindowRecord(0, 300, alone, None, inc_arm.name)),))
-    off_trial = TrialRecord(OFF.name, inc_arm.name, 0, 300.0).with_window(
-        WindowRecord(480, 780, world.stats(inc_arm), world.stats(OFF), inc_arm.name)
-    )
+    off_trial = TrialRecord(OFF.name, inc_arm.name, 0, 180.0)
+    for start in (180, 480):  # the second window past the canary's warm-up
+        off_trial = off_trial.with_window(
+            WindowRecord(start, start + 300, world.stats(inc_arm), world.stats(OFF), inc_arm.name)
+        )
     history = history.add_trial(off_trial.ended(Outcome.MEASURED, "next"))
     inc = world.stats(inc_arm)
     value = inc.objective * ratio
@@ -710,12 +712,15 @@ EAGLE_ONLY = SearchSpace((DrafterSpec("eagle3", "eagle3", 8),))
 
 
 def _after_eagle3_8_from_off(world: FakeWorld) -> Decision:
-    """The decision after one window of eagle3/8 on the canary against off."""
+    """The decision after two windows of eagle3/8 on the canary against off (the second
+    past the canary's warm-up)."""
     history = History(baseline=((0, WindowRecord(0, 300, world.stats(OFF), None, "off")),))
-    trial = TrialRecord("eagle3/8", OFF.name, 0, 300.0).with_window(
-        WindowRecord(480, 780, world.stats(OFF), world.stats(parse_arm("eagle3/8")), "off")
-    )
-    ctx = TuningContext(EAGLE_ONLY, Objective(), OFF, 780.0, max_trials=12, seed=1)
+    trial = TrialRecord("eagle3/8", OFF.name, 0, 300.0)
+    for start in (480, 780):
+        trial = trial.with_window(WindowRecord(
+            start, start + 300, world.stats(OFF), world.stats(parse_arm("eagle3/8")), "off"
+        ))  # fmt: skip
+    ctx = TuningContext(EAGLE_ONLY, Objective(), OFF, 1080.0, max_trials=12, seed=1)
     return SpectunePolicy().decide(ctx, history.add_trial(trial))
 
 
@@ -815,7 +820,7 @@ def test_a_leader_on_saturation_measured_once_and_noisily_is_promoted() -> None:
 def test_the_step_between_neighbouring_k_widens_with_a_noisy_line_only_under_saturation() -> None:
     def step(alone_queue: tuple[float, float, float], width: float) -> float:
         ctx, history, _ = _saturated_incumbent_history(
-            1200, 0.95, width, 0.9, windows=1, arms=("ngram/4", "eagle3/3"),
+            1200, 0.95, width, 0.9, windows=3, arms=("ngram/4", "eagle3/3"),
             alone_queue=alone_queue, world=_refinement_world(),
         )  # fmt: skip
         b = build_beliefs(ctx.space, history, ctx.incumbent, True, ctx.min_requests)
@@ -856,9 +861,9 @@ def _lead_under_a_load_move(
     running: float, leader_name: str = "eagle3/1", fell: bool = False, ratio: float = 0.97
 ) -> Decision:
     """Epoch 1 was opened when the batch of the one target pod rose from 4 to 60 (or,
-    ``fell``, dropped from 60 to 20); one window of the leader on the canary at ``ratio``×
-    eagle3/5's p95 (each p95 known within ±2 %), the service running ``running`` requests,
-    half on the canary."""
+    ``fell``, dropped from 60 to 20); two windows of the leader on the canary (the second
+    past its warm-up) at ``ratio``× eagle3/5's p95 (each p95 known within ±2 %), the
+    service running ``running`` requests, half on the canary."""
     world = WORLDS["chat: eagle3 wins at a small k"]
     inc = parse_arm("eagle3/5")
     leader = parse_arm(leader_name)
@@ -877,10 +882,10 @@ def _lead_under_a_load_move(
         start += 480
     can = replace(world.stats(leader), running=running / 2, objective=base.objective * ratio)
     can = replace(can, objective_low=can.objective * 0.98, objective_high=can.objective * 1.02)
-    trial = TrialRecord(leader.name, inc.name, 1, start - 180).with_window(
-        WindowRecord(start, start + 300, base, can, inc.name)
-    )
-    ctx = TuningContext(SPACE, Objective(), inc, start + 300, max_trials=12, seed=1)
+    trial = TrialRecord(leader.name, inc.name, 1, start - 180)
+    for t in (start, start + 300):
+        trial = trial.with_window(WindowRecord(t, t + 300, base, can, inc.name))
+    ctx = TuningContext(SPACE, Objective(), inc, start + 600, max_trials=12, seed=1)
     return SpectunePolicy().decide(ctx, history.add_trial(trial))
 
 
@@ -1137,6 +1142,43 @@ def test_a_twin_of_the_incumbent_ahead_by_noise_is_not_promoted() -> None:
     arm, history, _ = run_policy(world, parse_arm("eagle3/1"), space=space)
     assert [t.arm for t in history.in_epoch()] == ["twin/1"]
     assert arm.name == "eagle3/1"
+
+
+def _twin_trial(leads: tuple[float, ...]) -> tuple[History, TuningContext]:
+    """eagle3/1 against its copy on the canary, one window per lead: the copy's objective
+    is ``lead`` × eagle3/1's in that window (each p95 known within ±2 %)."""
+    world, space = _twin_world(1.0)
+    inc, twin = parse_arm("eagle3/1"), parse_arm("twin/1")
+    base = world.stats(inc)
+    h = History(baseline=((0, WindowRecord(0, 300, base, None, inc.name)),))
+    t = TrialRecord(twin.name, inc.name, 0, 300.0)
+    for i, lead in enumerate(leads):
+        can = replace(base, objective=base.objective * lead,
+                      objective_low=base.objective_low * lead,
+                      objective_high=base.objective_high * lead)  # fmt: skip
+        start = 480.0 + 300 * i
+        t = t.with_window(WindowRecord(start, start + 300, base, can, inc.name))
+    now = 480.0 + 300 * len(leads)
+    return h.add_trial(t), TuningContext(space, Objective(), inc, now, max_trials=12, seed=1)
+
+
+def test_a_lead_seen_only_in_the_canarys_first_window_is_measured_again() -> None:
+    # The copy is at 0.86× in its first window. Tight as that window's interval is, a
+    # canary's first window serves the warm-up (requests that began since it came up, the
+    # balancer's catch-up), and such windows of identical arms stray this far: the lead
+    # is neither taken nor given up, the canary runs another window.
+    history, ctx = _twin_trial((0.86,))
+    d = SpectunePolicy().decide(ctx, history)
+    assert (d.kind, d.arm, d.end_running) == (DecisionKind.TRIAL, parse_arm("twin/1"), None)
+    assert "seen only in its canary's first window" in d.reason, d.reason
+    # A first window's stray lead does not outweigh the level windows after it.
+    history, ctx = _twin_trial((0.88, 1.0, 1.0))
+    d = SpectunePolicy().decide(ctx, history)
+    assert (d.kind, d.arm) == (DecisionKind.PROMOTE, parse_arm("eagle3/1")), d.reason
+    # A lead the next window confirms is taken.
+    history, ctx = _twin_trial((0.86, 0.86))
+    d = SpectunePolicy().decide(ctx, history)
+    assert d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("twin/1"), d.reason
 
 
 def test_a_copy_ahead_with_confidence_is_promoted() -> None:
