@@ -62,10 +62,17 @@ __all__ = ["ArmBelief", "Beliefs", "build_beliefs"]
 #: Floor of a measured arm's log-spread: two windows of the same arm on the same traffic
 #: differ by about this much even when the quantile intervals are tight.
 MEASURED_FLOOR = 0.015
-#: Log-spread added to a trial's first paired window (:func:`_first_window`). The A/A check
-#: (``benchmarks/family.py --aa``: a drafter against its identical twin) measures it: the
-#: twin's first-window TPOT p95 ratios spread by ≈ 0.07 in log beyond their quantile
-#: intervals, with one in four outside them at 95 %, while later windows keep to theirs.
+#: Log-spread added to every paired window beyond its quantile interval
+#: (:func:`_beyond_interval`): the interval counts the window's requests as independent, but
+#: the requests on one pod share its batches, so one pod's p95 moves with its own batch
+#: history by more than its count of requests says. The A/A check
+#: (``benchmarks/family.py --aa``: a drafter against its identical twin, on the ``tune``
+#: worlds) measures it: the twin's TPOT p95 log ratios after the first window spread by
+#: 0.06–0.08, where their intervals claim 0.01–0.05, and one in five lies outside its 95 %
+#: interval.
+WINDOW_SPREAD = 0.05
+#: The same for a trial's first paired window, which the canary's warm-up biases too: the
+#: twin's first-window ratios spread by ≈ 0.07 in log beyond their intervals.
 FIRST_WINDOW_SPREAD = 0.08
 #: Batch sizes within this factor of each other share draft costs across epochs (the
 #: controller's default load-shift trigger is the same factor).
@@ -100,7 +107,7 @@ class ArmBelief:
     relative_spread: float = math.nan
     settled: bool = True
     """False for a measured arm seen only in its trials' first windows, whose lead the
-    canary's warm-up can make (:func:`_first_window`): not yet a ground to promote it."""
+    canary's warm-up can make (:func:`_beyond_interval`): not yet a ground to promote it."""
 
 
 @dataclass
@@ -142,20 +149,22 @@ def _pair_spread(*sides: float) -> float:
     return math.sqrt(sum(x * x for x in sides))
 
 
-def _first_window(values: tuple[float, float, float], first: bool) -> tuple[float, float, float]:
-    """A paired window's values, with :data:`FIRST_WINDOW_SPREAD` added to the spread of a
-    trial's first window.
+def _beyond_interval(values: tuple[float, float, float], first: bool) -> tuple[float, float, float]:
+    """A paired window's values, with the spread its quantile interval does not hold
+    added in quadrature: :data:`FIRST_WINDOW_SPREAD` for a trial's first window,
+    :data:`WINDOW_SPREAD` for the others.
 
-    A canary's first window counts only the requests that both began and ended since the
-    canary came up, a sample biased towards short requests, and it serves the balancer's
-    catch-up burst (``spectune_policy.catch_up_burst``); the incumbent's counts requests
-    of every length. Neither bias is in the quantile interval, which counts only how many
-    requests the window saw. From the second window on, both sides count the same mix.
+    Every window: the requests on one pod are not independent draws, since each step's
+    time is shared by the whole batch, so a pod's p95 carries its batch history's error
+    on top of the counting error its interval holds. The first window besides: a canary's
+    first window counts only the requests that both began and ended since the canary came
+    up, a sample biased towards short requests, and it serves the balancer's catch-up
+    burst (``spectune_policy.catch_up_burst``); the incumbent's counts requests of every
+    length. From the second window on, both sides count the same mix.
     """
-    if not first:
-        return values
     can_value, inc_value, spread = values
-    return can_value, inc_value, math.hypot(spread, FIRST_WINDOW_SPREAD)
+    extra = FIRST_WINDOW_SPREAD if first else WINDOW_SPREAD
+    return can_value, inc_value, math.hypot(spread, extra)
 
 
 @dataclass
@@ -637,7 +646,7 @@ def _measure(
                 inc_s = w.incumbent if w.canary.requests > 0 else None
                 at_load = inc_s is not None and same_load(inc_s.running, now_b, SIMILAR_LOAD)
                 if inc_s is not None and offset is not None and at_load:
-                    pair = _first_window(tails.pair(w.canary, t.arm, inc_s, t.incumbent), i == 0)
+                    pair = _beyond_interval(tails.pair(w.canary, t.arm, inc_s, t.incumbent), i == 0)
                     capacity = _capacity_pair(w.canary, inc_s) if minimise else None
                     if capacity is not None:
                         pair, by_capacity = capacity, True
@@ -1180,7 +1189,7 @@ def _incumbent_offsets(
         for i, w in enumerate(t.windows):
             if w.canary is not None and w.incumbent is not None and w.canary.requests > 0:
                 values = tails.pair(w.canary, t.arm, w.incumbent, t.incumbent)
-                values = _first_window(values, i == 0)
+                values = _beyond_interval(values, i == 0)
                 edges[(t.arm, t.incumbent)].add(w.canary, w.incumbent, sign, values)
     offsets: dict[str, tuple[float, float, float]] = {current: (0.0, 0.0, 0.0)}
     changed = True

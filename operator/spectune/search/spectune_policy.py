@@ -1176,7 +1176,7 @@ def posterior_draws(beliefs: Beliefs, names: list[str], rng: np.random.Generator
     Measured arms and priors are independent normals, except an arm seen only in its
     trials' first windows (:attr:`~spectune.search.model.ArmBelief.settled`), drawn from a
     Student t with :data:`WARM_UP_DOF` degrees of freedom: the canary's warm-up biases
-    such a window by an amount no count of requests bounds (``model._first_window``), and
+    such a window by an amount no count of requests bounds (``model._beyond_interval``), and
     its errors have heavier tails than a normal's. A prediction read from a measured
     arm of its drafter (:attr:`ArmBelief.anchor`) is that arm's draw plus the model's step
     between them: both carry the anchor's measurement error, so a noisy window moves them

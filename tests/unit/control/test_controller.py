@@ -207,12 +207,18 @@ def run_until(c: Controller, predicate: object, limit: int = 200) -> None:
     raise AssertionError(f"condition not reached; phase {c.state.phase}, events {c.history}")
 
 
+def near_best(arm: Arm) -> bool:
+    """Whether ``arm`` is within the search's ε (2 %) of WORLD's best TPOT: what the search
+    promises, since one pod's p95 is not measured closer than that in a few windows."""
+    return WORLD.tpot(arm) <= WORLD.tpot(WORLD.best(SPACE)) * 1.02
+
+
 def test_baseline_trials_promotion_then_monitoring() -> None:
     clock = FakeClock()
-    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/2"))
     c, events = make(fleet, clock)
     run_until(c, lambda: c.state.phase is Phase.MONITORING)
-    assert fleet.promotions and fleet.incumbent.name == WORLD.best(SPACE).name
+    assert fleet.promotions and near_best(fleet.incumbent)
     assert fleet.canary is None  # removed after the search
     # Each trial waited for its canary, then measured at least one full window.
     for t in c.history.in_epoch():
@@ -229,7 +235,8 @@ def test_baseline_trials_promotion_then_monitoring() -> None:
         assert ended[-1].message.startswith(f"{fleet.incumbent.name} kept")
     assert all(a != b for a, b in itertools.pairwise(c.history.promotions))
     assert len(fleet.promotions) == len(c.history.promotions)
-    assert len(fleet.starts) <= 6
+    # Neighbouring k within a few percent of each other cost a restart or two more to part.
+    assert len(fleet.starts) <= 7
 
 
 def test_each_trials_reason_says_what_it_measured_and_what_ended_it() -> None:
@@ -268,7 +275,7 @@ def test_a_first_trial_window_prometheus_saw_little_of_is_measured_again_once() 
     # Every canary is first scraped a tenth into its first window and again into the
     # repeat: the first is measured again, the repeat counts (once), later ones as they are.
     clock = FakeClock()
-    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"), canary_covered=(0.1, 0.1, 0.3))
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/2"), canary_covered=(0.1, 0.1, 0.3))
     c, events = make(fleet, clock)
     run_until(c, lambda: c.state.phase is Phase.MONITORING)
     measured = [t for t in c.history.in_epoch() if t.windows]
@@ -277,10 +284,10 @@ def test_a_first_trial_window_prometheus_saw_little_of_is_measured_again_once() 
     assert all("cover 10% of the trial's first window" in e.message for e in repeated)
     for t in measured:
         assert t.windows[0].start_s >= t.started_s + fleet.restart_s + 300
-    assert fleet.incumbent.name == WORLD.best(SPACE).name
+    assert near_best(fleet.incumbent)
     # Metrics that cover half the window or more are a window like any other.
     clock = FakeClock()
-    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"), canary_covered=(0.5,))
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/2"), canary_covered=(0.5,))
     c, events = make(fleet, clock)
     run_until(c, lambda: c.state.phase is Phase.MONITORING)
     assert not [e for e in events if e.reason == "WindowRepeated"]
@@ -721,7 +728,7 @@ def test_a_promoted_arm_worse_on_the_target_is_rolled_back_and_not_promoted_agai
 
 def test_a_promotion_that_holds_is_verified_after_its_windows() -> None:
     clock = FakeClock()
-    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/8"))
+    fleet = FakeFleet(WORLD, clock, parse_arm("eagle3/2"))
     c, events = make(fleet, clock)
     run_until(c, lambda: bool(fleet.promotions))
     assert c.state.shown_phase is Phase.VERIFYING and c.state.verified_reason == "Verifying"
