@@ -637,13 +637,20 @@ class _Turn:
             return None
         if len(running.windows) >= MAX_WINDOWS_PER_TRIAL:
             return None
+        return self.another_window(
+            leader,
+            f"{why}; {leader.name} is not yet ahead of the incumbent with confidence, but "
+            "it was seen only in its canary's first window, which the warm-up biases",
+        )
+
+    def another_window(self, arm: Arm, why: str) -> Decision:
+        """The running trial of ``arm`` goes on for another window (no restart), with
+        every arm's estimate."""
         minimise = self.ctx.objective.metric.minimise
         return Decision(
             DecisionKind.TRIAL,
-            leader,
-            f"{why}; {leader.name} is not yet ahead of the incumbent with confidence, but "
-            "it was seen only in its canary's first window, which the warm-up biases: "
-            "measuring another window",
+            arm,
+            f"{why}; measuring another window",
             None,
             _estimates(self.beliefs, minimise),
         )
@@ -906,12 +913,8 @@ def _challenge(
         race = _in_race(turn, running, leader, challenger, float(beats[ci]), draws, names, p_ok)
     extend = running is not None and len(running.windows) < MAX_WINDOWS_PER_TRIAL
     if extend and race is not None and running is not None and beats[ci] >= ctx.delta:
-        return Decision(
-            DecisionKind.TRIAL,
-            parse_arm(running.arm),
-            f"{running.arm} is still in the race ({race}); measuring another window",
-            None,
-            _estimates(beliefs, minimise),
+        return turn.another_window(
+            parse_arm(running.arm), f"{running.arm} is still in the race ({race})"
         )
     if beats[ci] < ctx.delta:
         return turn.finish(
