@@ -167,6 +167,37 @@ def _beyond_interval(values: tuple[float, float, float], first: bool) -> tuple[f
     return can_value, inc_value, math.hypot(spread, extra)
 
 
+def _speed_pair(can: WindowStats, inc: WindowStats) -> tuple[float, float, float] | None:
+    """A throughput objective's window in which neither side saturated, read on speed.
+
+    Below saturation a pod finishes what it is sent: its output tokens per second are its
+    share of the offered load, and the balancer sets that share (one that routes by
+    outstanding requests sends a fresh canary a catch-up burst, and the pod that holds each
+    request for less time more of them), not the arm's capacity. What such a window says of
+    capacity is how fast each side ran the batch it had: output tokens per second per
+    running request, the inverse of its mean per-token latency, a mean over thousands of
+    tokens whose ratio moves by :data:`MEASURED_FLOOR` between windows. A saturated side's
+    tokens per second is its capacity, so a window in which either side saturated keeps
+    that reading (None here).
+    """
+    if saturated(can) or saturated(inc) or not (can.tpot_mean > 0 and inc.tpot_mean > 0):
+        return None
+    return 1.0 / can.tpot_mean, 1.0 / inc.tpot_mean, MEASURED_FLOOR
+
+
+def _window_pair(
+    tails: _Tails, w: WindowRecord, t: TrialRecord, first: bool, minimise: bool
+) -> tuple[tuple[float, float, float], bool]:
+    """The objectives a paired window compares and the log-spread of their ratio:
+    :meth:`_Tails.pair`, or per-token speed for a throughput objective below saturation
+    (:func:`_speed_pair`), with the spread beyond the interval (:func:`_beyond_interval`);
+    and whether it was read on speed."""
+    assert w.canary is not None and w.incumbent is not None
+    speed = None if minimise else _speed_pair(w.canary, w.incumbent)
+    values = speed or tails.pair(w.canary, t.arm, w.incumbent, t.incumbent)
+    return _beyond_interval(values, first), speed is not None
+
+
 @dataclass
 class _Measured:
     obj_logs: list[float] = field(default_factory=list)
@@ -505,7 +536,7 @@ def build_beliefs(
         anchors,
         b.saturated,
     )
-    b.notes.extend(_closing_notes(space, evidence.by_capacity, tails))
+    b.notes.extend(_closing_notes(space, evidence, tails))
     return b
 
 
@@ -590,6 +621,8 @@ class _Evidence:
     """The current incumbent's own windows, alone and beside its trials' canaries."""
     by_capacity: bool
     """Whether a window was compared on service rate (both sides saturated)."""
+    by_speed: bool = False
+    """Whether a throughput window was compared on per-token speed (neither saturated)."""
 
 
 def _current_batch(epoch_trials: Sequence[TrialRecord]) -> float:
@@ -620,11 +653,12 @@ def _measure(
     current one through ``offsets``; a trial whose incumbent cannot be chained, a window
     with no canary request or whose pair is a backlog's, measures nothing. Where both
     sides saturated, a latency objective is compared on service rate instead
-    (:func:`_capacity_pair`): a saturated queue's latency is its backlog's age.
+    (:func:`_capacity_pair`): a saturated queue's latency is its backlog's age; where
+    neither did, a throughput objective on per-token speed (:func:`_speed_pair`).
     """
     measured: dict[str, _Measured] = defaultdict(_Measured)
     inc_windows: list[WindowStats] = []
-    by_capacity = False
+    by_capacity = by_speed = False
     for w in baseline:
         if w.incumbent is not None and (not w.incumbent_arm or w.incumbent_arm == incumbent.name):
             inc_windows.append(w.incumbent)
@@ -646,13 +680,14 @@ def _measure(
                 inc_s = w.incumbent if w.canary.requests > 0 else None
                 at_load = inc_s is not None and same_load(inc_s.running, now_b, SIMILAR_LOAD)
                 if inc_s is not None and offset is not None and at_load:
-                    pair = _beyond_interval(tails.pair(w.canary, t.arm, inc_s, t.incumbent), i == 0)
+                    pair, speed = _window_pair(tails, w, t, i == 0, minimise)
+                    by_speed |= speed
                     capacity = _capacity_pair(w.canary, inc_s) if minimise else None
                     if capacity is not None:
                         pair, by_capacity = capacity, True
                     measured[t.arm].add(w.canary, inc_s, sign, pair, offset)
                     measured[t.arm].settled |= i > 0
-    return _Evidence(measured, inc_windows, by_capacity)
+    return _Evidence(measured, inc_windows, by_capacity, by_speed)
 
 
 def _add_earlier_incumbents(
@@ -1120,11 +1155,12 @@ def _predicted(
     return None
 
 
-def _closing_notes(space: SearchSpace, by_capacity: bool, tails: _Tails) -> list[str]:
+def _closing_notes(space: SearchSpace, evidence: _Evidence, tails: _Tails) -> list[str]:
     """What the decision's reason says about how the beliefs were read, in order.
 
     An engine without per-position counters leaves other ``k`` to a flat-rate model, a
-    window compared on service rate is no latency comparison, and modelled tails are
+    throughput window read on speed and a window compared on service rate are not what
+    the objective names, and modelled tails are
     named with their ratios (:meth:`_Tails.note`).
     """
     notes: list[str] = []
@@ -1133,7 +1169,13 @@ def _closing_notes(space: SearchSpace, by_capacity: bool, tails: _Tails) -> list
             "the engine exports no per-position acceptance: other k are modelled from a flat "
             "rate and tried rather than trusted"
         )
-    if by_capacity:
+    if evidence.by_speed:
+        notes.append(
+            "windows where neither side saturated are compared on per-token speed: below "
+            "saturation a pod's output tokens per second are the share of the load it is "
+            "sent, not what it can serve"
+        )
+    if evidence.by_capacity:
         notes.append(
             "windows where both sides saturated are compared on output tokens per second per "
             "pod: a saturated queue's latency is its backlog's age, its service rate the arm's"
@@ -1188,8 +1230,7 @@ def _incumbent_offsets(
     for t in trials:
         for i, w in enumerate(t.windows):
             if w.canary is not None and w.incumbent is not None and w.canary.requests > 0:
-                values = tails.pair(w.canary, t.arm, w.incumbent, t.incumbent)
-                values = _beyond_interval(values, i == 0)
+                values, _ = _window_pair(tails, w, t, i == 0, sign > 0)
                 edges[(t.arm, t.incumbent)].add(w.canary, w.incumbent, sign, values)
     offsets: dict[str, tuple[float, float, float]] = {current: (0.0, 0.0, 0.0)}
     changed = True

@@ -1198,6 +1198,43 @@ def test_a_twins_steady_lead_of_one_pods_noise_is_not_taken() -> None:
     assert (d.kind, d.arm) == (DecisionKind.PROMOTE, parse_arm("twin/1")), d.reason
 
 
+def _throughput_twin_trial(share: float, speed: float, queue_s: float = 0.01) -> Decision:
+    """The policy's decision after eagle3/1 against its copy on a throughput objective, three
+    windows: the copy's pod finishes ``share`` × the incumbent's output tokens per second
+    per pod and runs ``speed`` × as fast per token; each side's queue-time p95 is
+    ``queue_s``."""
+    world, space = _twin_world(1.0)
+    inc, twin = parse_arm("eagle3/1"), parse_arm("twin/1")
+    s = world.stats(inc)
+    base = replace(s, objective=s.tokens_per_pod, objective_low=math.nan,
+                   objective_high=math.nan, queue_p95=queue_s)  # fmt: skip
+    can = replace(base, objective=base.objective * share, tokens_per_s=base.tokens_per_s * share,
+                  tpot_mean=base.tpot_mean / speed)  # fmt: skip
+    h = History(baseline=((0, WindowRecord(0, 300, base, None, inc.name)),))
+    t = TrialRecord(twin.name, inc.name, 0, 300.0)
+    for i in range(3):
+        t = t.with_window(WindowRecord(480.0 + 300 * i, 780.0 + 300 * i, base, can, inc.name))
+    objective = Objective(metric=Metric.OUTPUT_TOKENS_PER_SECOND)
+    ctx = TuningContext(space, objective, inc, 1380.0, max_trials=12, seed=1)
+    return SpectunePolicy().decide(ctx, h.add_trial(t))
+
+
+def test_a_throughput_lead_that_is_only_the_balancers_share_is_not_taken() -> None:
+    # Below saturation a pod serves what it is sent: the copy's pod got a quarter more of
+    # the load (a balancer that routes by outstanding requests), at the same speed. That is
+    # no throughput the copy could give: it is not promoted, and is read at par.
+    d = _throughput_twin_trial(share=1.25, speed=1.0)
+    assert d.kind is not DecisionKind.PROMOTE or d.arm == parse_arm("eagle3/1"), d.reason
+    assert "measured at 1.00× the incumbent's" in d.reason, d.reason
+    assert "compared on per-token speed" in d.reason, d.reason
+    # A copy 15 % faster per token serves more at any batch: it is taken.
+    d = _throughput_twin_trial(share=1.0, speed=1.15)
+    assert (d.kind, d.arm) == (DecisionKind.PROMOTE, parse_arm("twin/1")), d.reason
+    # Where both sides saturate, tokens per second per pod is each arm's capacity.
+    d = _throughput_twin_trial(share=1.25, speed=1.0, queue_s=60.0)
+    assert (d.kind, d.arm) == (DecisionKind.PROMOTE, parse_arm("twin/1")), d.reason
+
+
 def test_a_copy_ahead_with_confidence_is_promoted() -> None:
     world, space = _twin_world(0.9)
     arm, _, _ = run_policy(world, parse_arm("eagle3/1"), space=space)
