@@ -87,7 +87,7 @@ from spectune.search.history import (
     TrialRecord,
     WindowRecord,
 )
-from spectune.search.model import MEASURED_FLOOR, MODEL_PRIOR, ArmBelief, Beliefs, build_beliefs
+from spectune.search.model import MODEL_PRIOR, ArmBelief, Beliefs, build_beliefs
 from spectune.search.objective import (
     SMALL_BATCH_CHANGE,
     Guardrails,
@@ -121,6 +121,13 @@ MAX_TRIALS_PER_ARM = 2
 #: first window in eight lies beyond twice its spread, four times a normal's share, and
 #: nearly all on the canary's side: a t with 3 degrees of freedom puts 7 % beyond it.
 WARM_UP_DOF = 3
+#: Spread of one paired window's log ratio of mean per-token latency between identical arms.
+#: A mean over thousands of tokens still moves with the batch each pod happened to run
+#: (step time grows with the batch, and the balancer sets each pod's batch window by
+#: window): in the A/A check on the ``tune`` worlds (``benchmarks/family.py --aa``) the
+#: twin's per-token ratios have a median of ±1 %, but one window in ten lies beyond ±4 % and
+#: one in twenty beyond ±7 %, a normal spread of 0.035.
+TOKEN_WINDOW_SPREAD = 0.035
 #: At most this many windows for one trial (the policy extends a trial up to it).
 MAX_WINDOWS_PER_TRIAL = 3
 #: Prior of a drafter never measured, relative to ``off``: published serving results range
@@ -1299,7 +1306,7 @@ def _slower_across_gap(
     incumbent beside it cannot queue less than the incumbent at the target's load, and
     the lead its trials showed at the lighter load is the p95's noise over a few hundred
     requests (or its shape), not a property that carries across the gap. The per-token
-    mean, over thousands of tokens, varies by :data:`~spectune.search.model.MEASURED_FLOOR`
+    mean, over thousands of tokens, varies by :data:`TOKEN_WINDOW_SPREAD`
     between windows: slower with P ≥ 1 − δ (normal in log space over the windows) is the
     test. Only windows in which the canary carried no more load per pod than the
     incumbent (within :data:`~spectune.search.history.MATCHED_LOAD_BAND`) are read: in
@@ -1418,7 +1425,7 @@ def _amplified(
     token becomes tens of percent on the p95). The ε margin, which asks a change to be
     worth its restart, is then met by that amplification, and what decides is whether the
     leader is faster per token at all: the mean per-token latency of thousands of tokens,
-    whose ratio varies by :data:`~spectune.search.model.MEASURED_FLOOR` between windows,
+    whose ratio varies by :data:`TOKEN_WINDOW_SPREAD` between windows,
     where the trials' p95 of a few hundred requests at a lighter load varies by ten times
     that: a p95 rests on the dozen or so requests in its top twentieth, a mean on every
     token. Normal in log space over the windows, with their spread floored at that.
@@ -1470,11 +1477,11 @@ def _trial_pairs(
 
 def _log_ratio(logs: Sequence[float]) -> tuple[float, float]:
     """Mean and standard error of per-window log ratios of per-token latency: the spread
-    between windows, floored at :data:`~spectune.search.model.MEASURED_FLOOR` (one window
+    between windows, floored at :data:`TOKEN_WINDOW_SPREAD` (one window
     cannot show its own)."""
     mean = sum(logs) / len(logs)
     sd = float(np.std(logs, ddof=1)) if len(logs) > 1 else 0.0
-    return mean, max(sd, MEASURED_FLOOR) / math.sqrt(len(logs))
+    return mean, max(sd, TOKEN_WINDOW_SPREAD) / math.sqrt(len(logs))
 
 
 def _queues_alone(alone: WindowStats, beside: Sequence[WindowStats], metric: Metric) -> bool:

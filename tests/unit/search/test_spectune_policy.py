@@ -839,22 +839,24 @@ def test_the_step_between_neighbouring_k_widens_with_a_noisy_line_only_under_sat
 
 def test_a_noisy_lead_over_an_incumbent_that_saturates_alone_is_read_per_token() -> None:
     # One window: eagle3/2 at 0.90× the incumbent's p95, each p95 known only within ±15 %
-    # (a few hundred requests), but 5 % faster per token. That it beats the incumbent at
+    # (a few hundred requests), but 8 % faster per token. That it beats the incumbent at
     # the target's load follows from the per-token lead; the p95s only must not say behind.
-    ctx, history, leader = _saturated_incumbent_history(1200, 0.90, 0.15, windows=1)
+    ctx, history, leader = _saturated_incumbent_history(1200, 0.90, 0.15, 0.92, windows=1)
     d = SpectunePolicy().decide(ctx, history)
     assert d.kind is DecisionKind.PROMOTE and d.arm == leader and not d.final, d.reason
-    assert "faster per token with probability 1.00" in d.reason
+    assert "faster per token with probability 0.99" in d.reason
     # The same per-token lead with p95s that put it behind (1.3×) is not promoted ...
-    ctx, history, leader = _saturated_incumbent_history(1200, 1.3, 0.15, windows=1)
+    ctx, history, leader = _saturated_incumbent_history(1200, 1.3, 0.15, 0.92, windows=1)
     d = SpectunePolicy().decide(ctx, history)
     assert not (d.kind is DecisionKind.PROMOTE and d.arm == leader), d.reason
-    # ... nor one 1 % faster per token in a single window: not sure enough ...
-    ctx, history, leader = _saturated_incumbent_history(1200, 0.90, 0.15, 0.99, windows=1)
+    # ... nor one 5 % faster per token in a single window: the pods' batches move one
+    # window's per-token ratio of identical arms beyond ±4 % one time in ten
+    # (TOKEN_WINDOW_SPREAD) ...
+    ctx, history, leader = _saturated_incumbent_history(1200, 0.90, 0.15, 0.95, windows=1)
     d = SpectunePolicy().decide(ctx, history)
     assert not (d.kind is DecisionKind.PROMOTE and d.arm == leader), d.reason
     # ... and without the premise (a smaller KV pool) the noisy p95s decide: not yet.
-    ctx, history, leader = _saturated_incumbent_history(800, 0.90, 0.15, windows=1)
+    ctx, history, leader = _saturated_incumbent_history(800, 0.90, 0.15, 0.92, windows=1)
     d = SpectunePolicy().decide(ctx, history)
     assert not (d.kind is DecisionKind.PROMOTE and d.arm == leader), d.reason
 
