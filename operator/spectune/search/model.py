@@ -198,6 +198,30 @@ def _window_pair(
     return _beyond_interval(values, first), speed is not None
 
 
+def _random_effects(x: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+    """Pooled mean and standard error of per-window log ratios ``x`` with inverse-variance
+    weights ``w``, widened by the spread between windows beyond their own
+    (DerSimonian–Laird).
+
+    Each window's spread holds its counting error and one pod's batch noise
+    (:func:`_beyond_interval`), but not what moves a pair of pods window by window: the
+    traffic mix each pod drew, a pod's batch history that persists from one window to the
+    next. Where the windows disagree by more than their spreads allow (Cochran's
+    ``Q = Σ w (x − x̄)²`` above its ``n − 1`` degrees of freedom), that excess is a variance
+    ``τ²`` shared by every window, and each window then counts with ``1/(1/w + τ²)``:
+    windows that contradict each other are less evidence than their intervals claim. It
+    never narrows the interval, and one window (or windows that agree) is read as before.
+    """
+    mean = float(np.sum(w * x) / np.sum(w))
+    q = float(np.sum(w * (x - mean) ** 2))
+    scale = float(np.sum(w) - np.sum(w * w) / np.sum(w))
+    tau2 = max(0.0, (q - (len(x) - 1)) / scale) if scale > 0 else 0.0
+    if tau2 == 0.0:
+        return mean, float(1 / math.sqrt(np.sum(w)))
+    wr = 1.0 / (1.0 / w + tau2)
+    return float(np.sum(wr * x) / np.sum(wr)), float(1 / math.sqrt(np.sum(wr)))
+
+
 @dataclass
 class _Measured:
     obj_logs: list[float] = field(default_factory=list)
@@ -240,11 +264,12 @@ class _Measured:
 
     @property
     def loss(self) -> tuple[float, float]:
+        """The windows' pooled log ratio and its spread, with the between-window spread
+        the windows themselves show (:func:`_random_effects`)."""
         if not self.obj_logs:
             return math.nan, math.inf
-        w = np.asarray(self.obj_weights)
-        mean = float(np.sum(w * np.asarray(self.obj_logs)) / np.sum(w))
-        return mean, max(float(1 / math.sqrt(np.sum(w))), MEASURED_FLOOR / 2)
+        mean, se = _random_effects(np.asarray(self.obj_logs), np.asarray(self.obj_weights))
+        return mean, max(se, MEASURED_FLOOR / 2)
 
     @property
     def tpot_ratio(self) -> float:

@@ -1200,6 +1200,20 @@ def test_a_twins_steady_lead_of_one_pods_noise_is_not_taken() -> None:
     assert (d.kind, d.arm) == (DecisionKind.PROMOTE, parse_arm("twin/1")), d.reason
 
 
+def test_a_twins_lead_the_windows_contradict_is_not_taken() -> None:
+    # The copy at 0.80×, 1.02× and 0.80× in three windows, each p95 within ±2 %: the
+    # windows disagree by far more than their spreads allow, so what moves a pair of pods
+    # window by window is larger than any one window shows, and the pooled lead of 12 % is
+    # read with that spread: not a lead with confidence.
+    history, ctx = _twin_trial((0.80, 1.02, 0.80))
+    d = SpectunePolicy().decide(ctx, history)
+    assert not (d.kind is DecisionKind.PROMOTE and d.arm == parse_arm("twin/1")), d.reason
+    # The same lead in windows that agree is taken.
+    history, ctx = _twin_trial((0.875, 0.875, 0.875))
+    d = SpectunePolicy().decide(ctx, history)
+    assert (d.kind, d.arm) == (DecisionKind.PROMOTE, parse_arm("twin/1")), d.reason
+
+
 def _throughput_twin_trial(share: float, speed: float, queue_s: float = 0.01) -> Decision:
     """The policy's decision after eagle3/1 against its copy on a throughput objective, three
     windows: the copy's pod finishes ``share`` × the incumbent's output tokens per second
