@@ -175,10 +175,11 @@ def _speed_pair(can: WindowStats, inc: WindowStats) -> tuple[float, float, float
     outstanding requests sends a fresh canary a catch-up burst, and the pod that holds each
     request for less time more of them), not the arm's capacity. What such a window says of
     capacity is how fast each side ran the batch it had: output tokens per second per
-    running request, the inverse of its mean per-token latency, a mean over thousands of
-    tokens whose ratio moves by :data:`MEASURED_FLOOR` between windows. A saturated side's
-    tokens per second is its capacity, so a window in which either side saturated keeps
-    that reading (None here).
+    running request, the inverse of its mean per-token latency. A mean over thousands of
+    tokens has no counting error to speak of (:data:`MEASURED_FLOOR`); what moves it is
+    each pod's batch, the spread :func:`_beyond_interval` adds to every window. A saturated
+    side's tokens per second is its capacity, so a window in which either side saturated
+    keeps that reading (None here).
     """
     if saturated(can) or saturated(inc) or not (can.tpot_mean > 0 and inc.tpot_mean > 0):
         return None
@@ -1183,10 +1184,10 @@ def _predicted(
 def _closing_notes(space: SearchSpace, evidence: _Evidence, tails: _Tails) -> list[str]:
     """What the decision's reason says about how the beliefs were read, in order.
 
-    An engine without per-position counters leaves other ``k`` to a flat-rate model, a
-    throughput window read on speed and a window compared on service rate are not what
-    the objective names, and modelled tails are
-    named with their ratios (:meth:`_Tails.note`).
+    An engine without per-position counters leaves other ``k`` to a flat-rate model; a
+    throughput window read on speed and a window compared on service rate are not read on
+    what the objective names; modelled tails are named with their ratios
+    (:meth:`_Tails.note`).
     """
     notes: list[str] = []
     if not space.per_position:
